@@ -1,0 +1,94 @@
+// Shared declarations of workbench._native: the handles each concern binds, and the
+// helpers that keep llama.cpp's failures (null pointers, C++ exceptions, aborts we can
+// pre-check) from reaching Python as a crash.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "llama.h"
+
+namespace py = pybind11;
+
+namespace wb {
+
+// Raised for failures inside llama.cpp that are not the caller's bad input.
+struct NativeError : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+// The last few lines llama.cpp logged at warning level or above; appended to error
+// messages so a failed load says why (llama.cpp only returns a null pointer).
+std::string recent_log();
+void clear_recent_log();
+
+// Owns a llama_model. Read-only after load, so tokenize/detokenize are safe from any thread.
+class Model {
+public:
+    Model(const std::string & path, int n_gpu_layers, bool use_mmap, bool vocab_only);
+    ~Model();
+    Model(const Model &) = delete;
+    Model & operator=(const Model &) = delete;
+
+    llama_model * get() const;
+    const llama_vocab * vocab() const;
+    void close();
+    bool closed() const { return model_ == nullptr; }
+
+    std::vector<llama_token> tokenize(const std::string & text, bool add_special, bool parse_special) const;
+    py::bytes token_to_piece(llama_token token, bool special) const;
+    py::bytes detokenize(const std::vector<llama_token> & tokens, bool remove_special, bool unparse_special) const;
+    void check_token(llama_token token) const;
+
+    std::string path;
+
+private:
+    llama_model * model_ = nullptr;
+};
+
+// Owns a llama_context, its reusable batch and the abort state the callback reads.
+class Context {
+public:
+    Context(std::shared_ptr<Model> model, const py::dict & params);
+    ~Context();
+    Context(const Context &) = delete;
+    Context & operator=(const Context &) = delete;
+
+    llama_context * get() const;
+    void close();
+
+    // One llama_decode over rows of possibly several sequences. budget_ms <= 0: no budget.
+    int decode(const std::vector<llama_token> & tokens, const std::vector<llama_pos> & pos,
+               const std::vector<llama_seq_id> & seq, const std::vector<int8_t> & logits,
+               double budget_ms);
+
+    void request_abort() { abort_flag_.store(true, std::memory_order_relaxed); }
+    void clear_abort() { abort_flag_.store(false, std::memory_order_relaxed); }
+    std::string abort_reason() const { return abort_reason_; }
+
+    std::shared_ptr<Model> model;
+    uint32_t n_ctx = 0, n_batch = 0, n_ubatch = 0, n_seq_max = 0;
+    int n_threads = 0;
+
+    static bool abort_callback(void * data);
+
+private:
+    llama_context * ctx_ = nullptr;
+    llama_batch batch_{};
+    std::atomic<bool> abort_flag_{false};
+    std::atomic<int64_t> deadline_ns_{0};
+    std::string abort_reason_;
+};
+
+void check_seq(const Context & ctx, llama_seq_id seq);
+
+void bind_model(py::module_ & m);
+void bind_context(py::module_ & m);
+void bind_sampler(py::module_ & m);
+
+}  // namespace wb

@@ -1,0 +1,118 @@
+// Per-request sampler chains (llama.cpp's own samplers, built in common's order).
+#include "native.h"
+
+#include <pybind11/stl.h>
+
+namespace wb {
+
+namespace {
+
+class Sampler {
+public:
+    Sampler(std::shared_ptr<Model> model_, const py::dict & p) : model(std::move(model_)) {
+        auto get_f = [&](const char * k, double d) { return p.contains(k) && !p[k].is_none() ? p[k].cast<double>() : d; };
+        auto get_i = [&](const char * k, long long d) { return p.contains(k) && !p[k].is_none() ? p[k].cast<long long>() : d; };
+        const double temperature = get_f("temperature", 0.0);
+        const long long top_k = get_i("top_k", 40);
+        const double top_p = get_f("top_p", 1.0);
+        const double min_p = get_f("min_p", 0.0);
+        const double repeat_penalty = get_f("repetition_penalty", 1.0);
+        const long long repeat_last_n = get_i("repeat_last_n", 64);
+        const long long seed = get_i("seed", LLAMA_DEFAULT_SEED);
+        std::string grammar, grammar_root = "root";
+        if (p.contains("grammar") && !p["grammar"].is_none()) grammar = p["grammar"].cast<std::string>();
+        if (p.contains("grammar_root") && !p["grammar_root"].is_none()) grammar_root = p["grammar_root"].cast<std::string>();
+
+        llama_sampler_chain_params cp = llama_sampler_chain_default_params();
+        cp.no_perf = true;
+        chain_ = llama_sampler_chain_init(cp);
+        const llama_vocab * vocab = model->vocab();
+        if (!grammar.empty()) {
+            clear_recent_log();
+            llama_sampler * g = nullptr;
+            try {
+                g = llama_sampler_init_grammar(vocab, grammar.c_str(), grammar_root.c_str());
+            } catch (const std::exception &) {
+                g = nullptr;
+            }
+            if (g == nullptr) {
+                std::string why = recent_log();
+                llama_sampler_free(chain_);
+                chain_ = nullptr;
+                throw py::value_error("option grammar: llama.cpp could not parse the grammar" +
+                                      (why.empty() ? std::string() : ": " + why));
+            }
+            llama_sampler_chain_add(chain_, g);
+        }
+        if (repeat_penalty != 1.0) {
+            llama_sampler_chain_add(chain_, llama_sampler_init_penalties(llama_vocab_n_tokens(vocab), (int32_t)repeat_last_n, (float)repeat_penalty, 0.0f, 0.0f));
+        }
+        if (temperature <= 0.0) {
+            llama_sampler_chain_add(chain_, llama_sampler_init_greedy());
+        } else {
+            if (top_k > 0) llama_sampler_chain_add(chain_, llama_sampler_init_top_k((int32_t)top_k));
+            if (top_p < 1.0) llama_sampler_chain_add(chain_, llama_sampler_init_top_p((float)top_p, 1));
+            if (min_p > 0.0) llama_sampler_chain_add(chain_, llama_sampler_init_min_p((float)min_p, 1));
+            llama_sampler_chain_add(chain_, llama_sampler_init_temp((float)temperature));
+            llama_sampler_chain_add(chain_, llama_sampler_init_dist((uint32_t)seed));
+        }
+    }
+    ~Sampler() { close(); }
+
+    void close() {
+        if (chain_ != nullptr) {
+            llama_sampler_free(chain_);
+            chain_ = nullptr;
+        }
+    }
+
+    llama_token sample(Context & ctx, int idx) {
+        if (chain_ == nullptr) throw NativeError("the sampler has been freed");
+        llama_context * c = ctx.get();
+        if (idx < 0 || (uint32_t)idx >= ctx.n_batch) throw py::value_error("sample: output index out of range");
+        llama_token t;
+        bool threw = false;
+        std::string what;
+        {
+            py::gil_scoped_release release;
+            try {
+                t = llama_sampler_sample(chain_, c, idx);
+            } catch (const std::exception & e) {
+                threw = true;
+                what = e.what();
+            }
+        }
+        if (threw) throw NativeError(std::string("sampling failed: ") + what);
+        return t;
+    }
+
+    void accept(llama_token t) {
+        if (chain_ == nullptr) throw NativeError("the sampler has been freed");
+        model->check_token(t);
+        llama_sampler_accept(chain_, t);
+    }
+
+    void reset() {
+        if (chain_ != nullptr) llama_sampler_reset(chain_);
+    }
+
+    std::shared_ptr<Model> model;
+
+private:
+    llama_sampler * chain_ = nullptr;
+};
+
+}  // namespace
+
+void bind_sampler(py::module_ & m) {
+    py::class_<Sampler, std::shared_ptr<Sampler>>(m, "Sampler")
+        .def(py::init<std::shared_ptr<Model>, const py::dict &>(), py::arg("model"), py::arg("params"))
+        .def("sample", &Sampler::sample, py::arg("ctx"), py::arg("idx"),
+             "Sample (and accept) a token from output row idx of the last decode.")
+        .def("accept", &Sampler::accept, py::arg("token"),
+             "Feed a token the sampler did not choose (e.g. prompt tokens for penalties).")
+        .def("reset", &Sampler::reset)
+        .def("close", &Sampler::close);
+}
+
+}  // namespace wb

@@ -1,0 +1,93 @@
+"""Typed events a request yields, and the results built from them.
+
+``stream()`` yields these; ``complete()`` collects them into a :class:`CompletionResult`.
+They mirror erllama 0.10's ``{erllama, Ref, Event}`` envelope: ``{token, Bin}``,
+``{token_id, Id}``, ``{done, Stats}``, ``{error, Reason}``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Union
+
+FinishReason = Literal["stop", "length", "cancelled"]
+
+
+@dataclass(slots=True, frozen=True)
+class Stats:
+    """Numbers of one finished request; times in seconds, rates in tokens/s."""
+
+    prompt_tokens: int
+    generated_tokens: int
+    prefilled_tokens: int
+    ttft_s: float | None
+    prefill_s: float
+    prefill_tps: float | None
+    decode_s: float
+    decode_tps: float | None
+    total_s: float
+    queued_s: float
+    seed: int | None
+    cache_hit_kind: str = "cold"
+    cache_delta: dict[str, int] = field(default_factory=lambda: {"read": 0, "created": 0})
+
+
+@dataclass(slots=True, frozen=True)
+class Token:
+    """A piece of reply text (whole UTF-8 characters; stop strings never leak)."""
+
+    text: str
+
+
+@dataclass(slots=True, frozen=True)
+class TokenId:
+    """The id of each generated token, in order (emitted before its text)."""
+
+    id: int
+
+
+@dataclass(slots=True, frozen=True)
+class Done:
+    """The request ended; ``finish_reason`` says why."""
+
+    reply: str
+    tokens: tuple[int, ...]
+    context_tokens: tuple[int, ...]
+    finish_reason: FinishReason
+    stop_sequence: str | None
+    stats: Stats
+
+
+@dataclass(slots=True, frozen=True)
+class Error:
+    """The request failed; ``reason`` is the exception (from workbench.errors)."""
+
+    reason: BaseException
+
+
+Event = Union[Token, TokenId, Done, Error]
+
+
+@dataclass(slots=True, frozen=True)
+class CompletionResult:
+    """What ``complete()`` returns."""
+
+    reply: str
+    tokens: tuple[int, ...]
+    context_tokens: tuple[int, ...]
+    finish_reason: FinishReason
+    stop_sequence: str | None
+    stats: Stats
+    model: str
+    ref: int
+
+    @classmethod
+    def from_done(cls, done: Done, model: str, ref: int) -> "CompletionResult":
+        return cls(done.reply, done.tokens, done.context_tokens, done.finish_reason,
+                   done.stop_sequence, done.stats, model, ref)
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        s = self.stats
+        ttft = f"{s.ttft_s * 1000:.0f} ms" if s.ttft_s is not None else "-"
+        p.text(f"{self.reply}\n[{self.finish_reason}; {s.prompt_tokens} prompt + {s.generated_tokens} "
+               f"generated tokens; ttft {ttft}; cache {s.cache_hit_kind}]")

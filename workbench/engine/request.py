@@ -1,0 +1,117 @@
+"""A request's state as the model loop sees it.
+
+The loop thread is the only writer of everything here except ``cancel_requested``, which
+any thread may set (cancel is observed at the next token boundary). Readers on other
+threads only read plain attributes (phase, counts), never wait on the loop.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..options import RequestOptions
+from .events import Done, Error, Event, FinishReason, Stats, Token, TokenId
+from .text import ReplyText
+
+_refs = itertools.count(1)
+
+
+def next_ref() -> int:
+    return next(_refs)
+
+
+@dataclass(eq=False)
+class Request:
+    ref: int
+    model_id: str
+    prompt: list[int]
+    opts: RequestOptions
+    seed: int | None
+    events: "queue.SimpleQueue[Event]" = field(default_factory=queue.SimpleQueue)
+    submitted_at: float = field(default_factory=time.perf_counter)
+    phase: str = "queued"            # queued | prefilling | generating | done
+    seq: int | None = None
+    sampler: Any = None
+    feed: list[int] = field(default_factory=list)   # tokens not yet in the KV cache
+    n_past: int = 0                  # tokens of this sequence in the KV cache
+    generated: list[int] = field(default_factory=list)
+    cancel_requested: bool = False
+    text: ReplyText | None = None
+    admitted_at: float | None = None
+    prefill_started_at: float | None = None
+    prefill_done_at: float | None = None
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+    prefilled: int = 0
+    finished: threading.Event = field(default_factory=threading.Event)
+
+    def __post_init__(self) -> None:
+        self.text = ReplyText(self.opts.stop_sequences)
+
+    # --- events (loop thread) ----------------------------------------------------------
+    def emit_token(self, token: int, piece: bytes) -> None:
+        self.events.put(TokenId(token))
+        assert self.text is not None
+        out = self.text.push(piece)
+        if out:
+            self.events.put(Token(out))
+
+    def finish(self, reason: FinishReason) -> Done:
+        assert self.text is not None
+        tail = self.text.flush()
+        if tail:
+            self.events.put(Token(tail))
+        done = Done(
+            reply=self.text.reply,
+            tokens=tuple(self.generated),
+            context_tokens=tuple(self.prompt) + tuple(self.generated),
+            finish_reason=reason,
+            stop_sequence=self.text.stop_hit,
+            stats=self.stats(),
+        )
+        self.phase = "done"
+        self.events.put(done)
+        self.finished.set()
+        return done
+
+    def fail(self, reason: BaseException) -> None:
+        self.phase = "done"
+        self.events.put(Error(reason))
+        self.finished.set()
+
+    def stats(self) -> Stats:
+        now = time.perf_counter()
+        prefill_s = (self.prefill_done_at or now) - (self.prefill_started_at or now)
+        n_gen = len(self.generated)
+        decode_s = (self.last_token_at - self.first_token_at) if (self.first_token_at and self.last_token_at) else 0.0
+        return Stats(
+            prompt_tokens=len(self.prompt),
+            generated_tokens=n_gen,
+            prefilled_tokens=self.prefilled,
+            ttft_s=(self.first_token_at - self.submitted_at) if self.first_token_at else None,
+            prefill_s=prefill_s,
+            prefill_tps=(self.prefilled / prefill_s) if prefill_s > 0 and self.prefilled else None,
+            decode_s=decode_s,
+            decode_tps=((n_gen - 1) / decode_s) if decode_s > 0 and n_gen > 1 else None,
+            total_s=now - self.submitted_at,
+            queued_s=((self.admitted_at or now) - self.submitted_at),
+            seed=self.seed,
+        )
+
+    def info(self) -> dict[str, Any]:
+        """A snapshot for request_info(); safe from any thread."""
+        return {
+            "ref": self.ref,
+            "model": self.model_id,
+            "phase": self.phase,
+            "seq": self.seq,
+            "prompt_tokens": len(self.prompt),
+            "generated_tokens": len(self.generated),
+            "age_s": time.perf_counter() - self.submitted_at,
+            "cancel_requested": self.cancel_requested,
+        }

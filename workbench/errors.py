@@ -1,0 +1,136 @@
+"""One exception hierarchy for the whole workbench.
+
+Every error names what was wrong: the option and the value, the model id, the path. They
+are the Python form of erllama's ``{error, Reason}`` tuples (see docs/api.md for the map).
+Each class also derives from the matching built-in (ValueError, LookupError, ...) so
+generic ``except ValueError`` code keeps working.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class WorkbenchError(Exception):
+    """Base class of every error the workbench raises on purpose."""
+
+
+# --- configuration and options -----------------------------------------------------------
+
+class OptionError(WorkbenchError, ValueError):
+    """Base of the option/config validation errors."""
+
+    key: str
+
+
+class UnknownOption(OptionError):
+    """An option or config key that the call does not know."""
+
+    def __init__(self, key: str, allowed: list[str] | tuple[str, ...], where: str = "option") -> None:
+        self.key, self.allowed, self.where = key, tuple(allowed), where
+        close = [a for a in self.allowed if a.startswith(key[:3])] if key else []
+        hint = f" (did you mean {', '.join(repr(c) for c in close)}?)" if close else ""
+        super().__init__(f"unknown {where} {key!r}{hint}; known: {', '.join(sorted(self.allowed))}")
+
+
+class InvalidOption(OptionError):
+    """A known option whose value has the wrong type or is out of range."""
+
+    def __init__(self, key: str, value: Any, expected: str, where: str = "option") -> None:
+        self.key, self.value, self.expected = key, value, expected
+        super().__init__(f"{where} {key!r}: got {value!r} ({type(value).__name__}), expected {expected}")
+
+
+class MissingConfig(OptionError):
+    """A required config key is absent."""
+
+    def __init__(self, key: str, why: str = "") -> None:
+        self.key = key
+        super().__init__(f"missing config {key!r}" + (f": {why}" if why else ""))
+
+
+# --- models ------------------------------------------------------------------------------
+
+class ModelFileError(WorkbenchError, ValueError):
+    """model_path does not name a loadable GGUF file (missing, a directory, not GGUF, truncated)."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path, self.reason = path, reason
+        super().__init__(f"model_path {path!r}: {reason}")
+
+
+class LoadError(WorkbenchError, RuntimeError):
+    """llama.cpp refused a file that passed our own checks, or a context could not be made."""
+
+
+class ModelFetchError(WorkbenchError, RuntimeError):
+    """The default model could not be fetched or did not verify."""
+
+
+class NotLoaded(WorkbenchError, LookupError):
+    """A per-model call named a model id that is not loaded."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        super().__init__(f"model {model!r} is not loaded")
+
+    def __str__(self) -> str:  # LookupError would quote the whole message
+        return self.args[0]
+
+
+class AlreadyLoaded(WorkbenchError, ValueError):
+    """load_model was given a model_id that is already in use."""
+
+    def __init__(self, model_id: str) -> None:
+        self.model_id = model_id
+        super().__init__(f"model id {model_id!r} is already loaded; unload it first or pick another id")
+
+
+# --- requests ----------------------------------------------------------------------------
+
+class EmptyPrompt(WorkbenchError, ValueError):
+    """The prompt has no tokens."""
+
+    def __init__(self) -> None:
+        super().__init__("the prompt is empty: give at least one token or a non-empty string")
+
+
+class ContextOverflow(WorkbenchError, ValueError):
+    """The prompt (plus what must be generated) does not fit the model's context."""
+
+    def __init__(self, n_prompt: int, n_ctx: int, detail: str = "") -> None:
+        self.n_prompt, self.n_ctx = n_prompt, n_ctx
+        super().__init__(f"the prompt has {n_prompt} tokens but the context holds {n_ctx}"
+                         + (f" ({detail})" if detail else ""))
+
+
+class QueueFull(WorkbenchError, RuntimeError):
+    """Every sequence is busy and max_queue requests are already waiting."""
+
+    def __init__(self, model_id: str, max_queue: int) -> None:
+        self.model_id, self.max_queue = model_id, max_queue
+        super().__init__(f"model {model_id!r}: all sequences busy and the queue holds max_queue="
+                         f"{max_queue} requests; retry later or raise max_queue")
+
+
+class UnknownRequest(WorkbenchError, LookupError):
+    """request_info / cancel got a reference that was never issued."""
+
+    def __str__(self) -> str:
+        return self.args[0]
+
+
+class DecodeTimeout(WorkbenchError, TimeoutError):
+    """One native decode step ran past decode_budget_ms and was aborted."""
+
+
+class DecodeFailed(WorkbenchError, RuntimeError):
+    """llama_decode returned an error code (rc is llama.cpp's)."""
+
+    def __init__(self, rc: int, detail: str = "") -> None:
+        self.rc = rc
+        super().__init__(f"llama_decode failed with code {rc}" + (f": {detail}" if detail else ""))
+
+
+class EngineStopped(WorkbenchError, RuntimeError):
+    """The model was unloaded while the request was queued or running."""

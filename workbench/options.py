@@ -1,0 +1,164 @@
+"""Validated option and config records.
+
+Each record is a frozen dataclass built from a plain dict by :func:`build`, which tells an
+unknown key (:class:`~workbench.errors.UnknownOption`) from a value of the wrong type or
+range (:class:`~workbench.errors.InvalidOption`) and names both. Defaults follow erllama
+0.10 where it has one (``response_tokens`` = 64).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from .errors import InvalidOption, UnknownOption
+
+T = TypeVar("T")
+
+KV_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+
+
+def default_threads() -> int:
+    """The cores this process may run on (its affinity mask, not the machine's count)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+# --- field checkers: each returns the normalised value or raises InvalidOption ------------
+
+def _int(lo: int | None = None, hi: int | None = None, none_ok: bool = False) -> Callable[[str, Any, str], Any]:
+    def check(key: str, v: Any, where: str) -> Any:
+        if v is None and none_ok:
+            return None
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise InvalidOption(key, v, _rng("an integer", lo, hi) + (" or None" if none_ok else ""), where)
+        if (lo is not None and v < lo) or (hi is not None and v > hi):
+            raise InvalidOption(key, v, _rng("an integer", lo, hi), where)
+        return v
+    return check
+
+
+def _float(lo: float | None = None, hi: float | None = None) -> Callable[[str, Any, str], Any]:
+    def check(key: str, v: Any, where: str) -> Any:
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise InvalidOption(key, v, _rng("a number", lo, hi), where)
+        if (lo is not None and v < lo) or (hi is not None and v > hi) or v != v:
+            raise InvalidOption(key, v, _rng("a number", lo, hi), where)
+        return float(v)
+    return check
+
+
+def _bool(key: str, v: Any, where: str) -> Any:
+    if not isinstance(v, bool):
+        raise InvalidOption(key, v, "True or False", where)
+    return v
+
+
+def _choice(*choices: str) -> Callable[[str, Any, str], Any]:
+    def check(key: str, v: Any, where: str) -> Any:
+        if not isinstance(v, str) or v not in choices:
+            raise InvalidOption(key, v, "one of " + ", ".join(repr(c) for c in choices), where)
+        return v
+    return check
+
+
+def _str(none_ok: bool = True) -> Callable[[str, Any, str], Any]:
+    def check(key: str, v: Any, where: str) -> Any:
+        if v is None and none_ok:
+            return None
+        if isinstance(v, os.PathLike):
+            v = os.fspath(v)
+        if not isinstance(v, str):
+            raise InvalidOption(key, v, "a string" + (" or None" if none_ok else ""), where)
+        return v
+    return check
+
+
+def _str_list(key: str, v: Any, where: str) -> Any:
+    if v is None:
+        return ()
+    if isinstance(v, str):
+        v = [v]
+    if not isinstance(v, (list, tuple)) or not all(isinstance(s, str) and s for s in v):
+        raise InvalidOption(key, v, "a list of non-empty strings", where)
+    return tuple(v)
+
+
+def _rng(what: str, lo: Any, hi: Any) -> str:
+    if lo is not None and hi is not None:
+        return f"{what} in [{lo}, {hi}]"
+    if lo is not None:
+        return f"{what} >= {lo}"
+    if hi is not None:
+        return f"{what} <= {hi}"
+    return what
+
+
+def opt(default: Any, check: Callable[[str, Any, str], Any], doc: str = "") -> Any:
+    """A dataclass field carrying its checker in metadata."""
+    if isinstance(default, (list, dict, set)):
+        return field(default_factory=lambda: type(default)(default), metadata={"check": check, "doc": doc})
+    return field(default=default, metadata={"check": check, "doc": doc})
+
+
+def build(cls: type[T], values: Mapping[str, Any] | None, where: str = "option", **extra: Any) -> T:
+    """Build record ``cls`` from ``values`` (+ keyword overrides), validating every key."""
+    merged: dict[str, Any] = dict(values or {})
+    merged.update(extra)
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    out: dict[str, Any] = {}
+    for key, value in merged.items():
+        if not isinstance(key, str) or key not in fields:
+            raise UnknownOption(str(key), list(fields), where)
+        out[key] = fields[key].metadata["check"](key, value, where)
+    return cls(**out)
+
+
+def option_names(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls))
+
+
+@dataclass(slots=True, frozen=True)
+class LoadConfig:
+    """What ``load_model`` accepts. Context options change the KV layout and are fixed per load."""
+
+    model_path: str | None = opt(None, _str(), "GGUF file; None loads the default model")
+    model_id: str | None = opt(None, _str(), "id to register the model under; derived from the file name")
+    n_ctx: int | None = opt(None, _int(16, none_ok=True), "context tokens; None = min(n_ctx_train, 8192)")
+    n_batch: int = opt(2048, _int(1), "most tokens one decode may carry (all sequences together)")
+    n_ubatch: int = opt(512, _int(1), "physical micro-batch")
+    n_seq_max: int = opt(4, _int(1, 256), "concurrent sequences")
+    n_threads: int | None = opt(None, _int(1, none_ok=True), "threads; None = cores this process may use")
+    n_threads_batch: int | None = opt(None, _int(1, none_ok=True), "prefill threads; None = n_threads")
+    flash_attn: str = opt("auto", _choice("auto", "on", "off"))
+    type_k: str = opt("f16", _choice(*KV_CACHE_TYPES), "K cache type")
+    type_v: str = opt("f16", _choice(*KV_CACHE_TYPES), "V cache type (quantised needs flash_attn)")
+    n_gpu_layers: int = opt(-1, _int(-1), "layers to offload on a GPU build (-1 = all); ignored on CPU")
+    use_mmap: bool = opt(True, _bool)
+    decode_budget_ms: int = opt(30000, _int(0), "wall-clock bound of one native step; 0 = off")
+    max_queue: int = opt(64, _int(0), "requests waiting for a sequence before QueueFull")
+    prefill_chunk_size: int | None = opt(-1, _int(-1, none_ok=True),
+                                         "one prompt's share of a tick; -1 = max(64, n_batch/4), None = off")
+
+
+@dataclass(slots=True, frozen=True)
+class RequestOptions:
+    """Per-request options of complete / stream."""
+
+    response_tokens: int = opt(64, _int(0), "most tokens to generate")
+    temperature: float = opt(0.0, _float(0.0), "0 = greedy")
+    top_k: int = opt(40, _int(0), "0 = off")
+    top_p: float = opt(1.0, _float(0.0, 1.0))
+    min_p: float = opt(0.0, _float(0.0, 1.0))
+    repetition_penalty: float = opt(1.0, _float(0.0))
+    repeat_last_n: int = opt(64, _int(-1))
+    seed: int | None = opt(None, _int(0, 2**32 - 2, none_ok=True), "None = a fresh random seed")
+    stop_sequences: tuple[str, ...] = opt((), _str_list)
+    grammar: str | None = opt(None, _str())
+    add_special: bool = opt(True, _bool, "text prompts: add BOS as the vocab says")
+    parse_special: bool = opt(True, _bool, "text prompts: parse special tokens in the text")
