@@ -1,0 +1,68 @@
+# llama-workbench: two commands for a fresh machine.
+#   make demo   set everything up and run a short scripted session on the default model
+#   make test   set everything up and run the test suite
+# Everything lands in .venv (Python) and build/ (CMake, persistent: edits rebuild in seconds).
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip --disable-pip-version-check
+BUILD_DEPS := "scikit-build-core>=0.10" "pybind11>=2.12" ninja "cmake>=3.21"
+NATIVE_SRC := $(wildcard csrc/*.cpp csrc/*.h) CMakeLists.txt pyproject.toml vendor/llama.cpp.pin
+PYTEST_ARGS ?=
+
+.PHONY: all setup build tools model demo test test-heavy bench vendor-check clean
+
+all: build
+
+# --- system packages: ccache keeps rebuilds of llama.cpp cheap (optional) --------------
+.ccache-checked:
+	@if ! command -v ccache >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    (apt-get update -qq && apt-get install -y -qq ccache) >/dev/null 2>&1 \
+	      || echo "make: could not install ccache; builds will be slower"; \
+	  else echo "make: ccache not found; builds will be slower"; fi; \
+	fi
+	@touch $@
+
+# --- Python environment ------------------------------------------------------------------
+$(VENV)/.deps: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q $(BUILD_DEPS)
+	@touch $@
+
+setup: $(VENV)/.deps .ccache-checked
+
+# --- the native extension (editable install; build/ is kept between builds) ----------------
+$(VENV)/.built: $(VENV)/.deps .ccache-checked $(NATIVE_SRC)
+	$(PY) vendor/fetch_llama.py
+	$(PIP) install -q --no-build-isolation -e ".[test]"
+	@touch $@
+
+build: $(VENV)/.built
+
+# llama.cpp's own programs from the same build tree (for bench/ and parity tests)
+tools: build
+	cmake --build "$$($(PY) bench/_paths.py build-dir)" --target llama-bench llama-batched-bench llama-simple
+
+model: build
+	$(PY) -m workbench.models fetch
+
+demo: model
+	$(PY) -m workbench.demo
+
+test: model tools
+	WORKBENCH_REQUIRE_TOOLS=1 $(PY) -m pytest $(PYTEST_ARGS)
+
+test-heavy: model tools
+	$(PY) -m pytest -m heavy $(PYTEST_ARGS)
+
+bench: model tools
+	$(PY) bench/bench_throughput.py
+
+vendor-check:
+	$(PY) vendor/fetch_llama.py --check
+
+clean:
+	rm -rf build $(VENV) .ccache-checked

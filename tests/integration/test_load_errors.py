@@ -1,0 +1,71 @@
+"""load_model rejects bad files and configs with distinct, specific errors."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import workbench as wb
+from workbench.errors import (AlreadyLoaded, InvalidOption, ModelFileError, UnknownOption)
+
+pytestmark = pytest.mark.model
+
+
+def test_nonexistent_file(tmp_path):
+    with pytest.raises(ModelFileError, match="no such file") as e:
+        wb.load_model(model_path=str(tmp_path / "missing.gguf"))
+    assert e.value.path.endswith("missing.gguf")
+
+
+def test_directory(tmp_path):
+    with pytest.raises(ModelFileError, match="is a directory"):
+        wb.load_model({"model_path": str(tmp_path)})
+
+
+def test_random_bytes(tmp_path):
+    f = tmp_path / "random.gguf"
+    f.write_bytes(os.urandom(1 << 16))
+    with pytest.raises(ModelFileError, match="not a GGUF file"):
+        wb.load_model(model_path=str(f))
+
+
+def test_gguf_magic_then_garbage(tmp_path):
+    f = tmp_path / "fake.gguf"
+    f.write_bytes(b"GGUF\x03\x00\x00\x00" + os.urandom(1 << 16))
+    with pytest.raises(ModelFileError, match="not a valid GGUF file"):
+        wb.load_model(model_path=str(f))
+
+
+@pytest.mark.parametrize("keep", [100, 5_000_000, 97_000_000])
+def test_truncated_model(tmp_path, model_path, keep):
+    f = tmp_path / "cut.gguf"
+    with open(model_path, "rb") as src:
+        f.write_bytes(src.read(keep))
+    with pytest.raises(ModelFileError):
+        wb.load_model(model_path=str(f))
+    assert wb.list_models() == [] or all(m["path"] != str(f) for m in wb.list_models())
+
+
+def test_config_errors_are_distinct(model_path):
+    with pytest.raises(UnknownOption, match="unknown config 'model_pth'"):
+        wb.load_model({"model_pth": str(model_path)})
+    with pytest.raises(InvalidOption, match="config 'n_ctx'"):
+        wb.load_model({"model_path": str(model_path), "n_ctx": "big"})
+    with pytest.raises(InvalidOption, match="config 'model_path'"):
+        wb.load_model({"model_path": 12})
+    with pytest.raises(InvalidOption, match="config"):
+        wb.load_model("not a dict")  # type: ignore[arg-type]
+
+
+def test_duplicate_model_id(model_path):
+    mid = wb.load_model(model_path=str(model_path), model_id="dup", n_seq_max=1)
+    try:
+        with pytest.raises(AlreadyLoaded):
+            wb.load_model(model_path=str(model_path), model_id="dup")
+        assert wb.model_info("dup")["model_id"] == "dup"
+        assert wb.model_info("dup")["fingerprint"] == (
+            "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53")
+    finally:
+        wb.unload(mid)
+    assert "dup" not in {m["model_id"] for m in wb.list_models()}

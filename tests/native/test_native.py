@@ -1,0 +1,119 @@
+"""workbench._native directly: bad input raises Python errors instead of crashing."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from workbench import _native
+
+ROOT = Path(__file__).resolve().parents[2]
+VOCABS = ROOT / "vendor" / "llama.cpp" / "models"
+
+
+def vocab_cases(name: str) -> list[tuple[str, list[int]]]:
+    """llama.cpp's own tokenizer fixtures (tests/test-tokenizer-0 reads the same files)."""
+    raw = (VOCABS / f"{name}.gguf.inp").read_text(encoding="utf-8")
+    outs = (VOCABS / f"{name}.gguf.out").read_text(encoding="utf-8").splitlines()
+    inputs = raw.split("\n__ggml_vocab_test__\n")
+    if inputs and inputs[-1] == "":
+        inputs.pop()
+    assert len(inputs) == len(outs), "fixture files out of step"
+    return [(i, [int(t) for t in o.split()]) for i, o in zip(inputs, outs)]
+
+
+@pytest.mark.parametrize("name", ["ggml-vocab-llama-spm", "ggml-vocab-llama-bpe", "ggml-vocab-gpt-2"])
+def test_tokenize_matches_llama_cpp_fixtures(name):
+    m = _native.Model(str(VOCABS / f"{name}.gguf"), 0, True, True)
+    cases = vocab_cases(name)
+    assert len(cases) > 10
+    for text, expected in cases:
+        assert m.tokenize(text, False, False) == expected, text
+
+
+def test_gguf_check_reports_random_bytes_and_truncation(tmp_path, model_path):
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"GGUF" + os.urandom(4096))
+    assert _native.gguf_check(str(junk)) is not None
+    cut = tmp_path / "cut.gguf"
+    with open(model_path, "rb") as src:
+        cut.write_bytes(src.read(20_000_000))
+    problem = _native.gguf_check(str(cut))
+    assert problem is not None and "truncated" in problem
+    assert _native.gguf_check(str(model_path)) is None
+
+
+def test_native_load_failure_is_an_exception(tmp_path):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"not a model at all")
+    with pytest.raises(_native.NativeError, match="could not load"):
+        _native.Model(str(bad), 0, True, False)
+
+
+@pytest.fixture(scope="module")
+def native_ctx(model_path):
+    m = _native.Model(str(model_path), 0, True, False)
+    ctx = _native.Context(m, {"n_ctx": 256, "n_batch": 64, "n_ubatch": 64, "n_seq_max": 2, "n_threads": 2})
+    yield m, ctx
+    ctx.close()
+    m.close()
+
+
+def test_context_rejects_bad_parameters(native_ctx):
+    m, _ = native_ctx
+    with pytest.raises(ValueError, match="n_seq_max"):
+        _native.Context(m, {"n_seq_max": 100000})
+    with pytest.raises(ValueError, match="type_k"):
+        _native.Context(m, {"type_k": "f17"})
+    with pytest.raises(ValueError, match="flash_attn"):
+        _native.Context(m, {"flash_attn": "maybe"})
+
+
+def test_decode_validates_rows_before_llama_cpp(native_ctx):
+    m, ctx = native_ctx
+    with pytest.raises(ValueError, match="vocabulary"):
+        ctx.decode([m.n_vocab + 5], [0], [0], [1])
+    with pytest.raises(ValueError, match="sequence id"):
+        ctx.decode([1], [0], [7], [1])
+    with pytest.raises(ValueError, match="exceed n_batch"):
+        ctx.decode([1] * 65, list(range(65)), [0] * 65, [0] * 65)
+    with pytest.raises(ValueError, match="same length"):
+        ctx.decode([1, 2], [0], [0], [1])
+    with pytest.raises(ValueError, match="position"):
+        ctx.decode([1], [10_000], [0], [1])
+    with pytest.raises(ValueError, match="sequence id"):
+        ctx.seq_pos_max(-3)
+    with pytest.raises(ValueError, match="vocabulary"):
+        m.token_to_piece(-1)
+
+
+def test_two_sequences_in_one_decode_and_state_round_trip(native_ctx):
+    m, ctx = native_ctx
+    a = m.tokenize("The capital of France is", True, True)
+    b = m.tokenize("One, two, three,", True, True)
+    ctx.memory_clear()
+    rc = ctx.decode(a + b, list(range(len(a))) + list(range(len(b))), [0] * len(a) + [1] * len(b),
+                    [0] * (len(a) - 1) + [1] + [0] * (len(b) - 1) + [1])
+    assert rc == 0
+    assert ctx.seq_pos_max(0) == len(a) - 1 and ctx.seq_pos_max(1) == len(b) - 1
+    greedy = _native.Sampler(m, {"temperature": 0.0})
+    first_a = greedy.sample(ctx, len(a) - 1)
+    state = ctx.state_seq_get(0)
+    assert len(state) > 23_040 * len(a) * 0.9       # f16 KV: 23,040 bytes per token for this model
+    ctx.seq_rm(1, -1, -1)
+    assert ctx.seq_pos_max(1) == -1
+    assert ctx.state_seq_set(1, state) == len(state)  # restore seq 0's KV into seq 1
+    assert ctx.seq_pos_max(1) == len(a) - 1
+    # the restored sequence continues exactly like the original
+    rc = ctx.decode([first_a, first_a], [len(a), len(a)], [0, 1], [1, 1])
+    assert rc == 0
+    assert greedy.sample(ctx, 0) == _native.Sampler(m, {"temperature": 0.0}).sample(ctx, 1)
+    assert ctx.state_seq_set(1, b"garbage") == 0      # llama.cpp refuses, nothing crashes
+
+
+def test_bad_grammar_is_a_value_error(native_ctx):
+    m, _ = native_ctx
+    with pytest.raises(ValueError, match="grammar"):
+        _native.Sampler(m, {"grammar": "root ::= (("})
