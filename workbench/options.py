@@ -160,5 +160,6 @@ class RequestOptions:
     seed: int | None = opt(None, _int(0, 2**32 - 2, none_ok=True), "None = a fresh random seed")
     stop_sequences: tuple[str, ...] = opt((), _str_list)
     grammar: str | None = opt(None, _str())
+    ignore_eos: bool = opt(False, _bool, "never sample end-of-generation tokens (benchmarks)")
     add_special: bool = opt(True, _bool, "text prompts: add BOS as the vocab says")
     parse_special: bool = opt(True, _bool, "text prompts: parse special tokens in the text")

@@ -330,6 +330,7 @@ def _sampler_params(req: Request) -> dict[str, Any]:
         "repeat_last_n": o.repeat_last_n,
         "seed": req.seed,
         "grammar": o.grammar,
+        "ignore_eos": o.ignore_eos,
     }
 
 
