@@ -24,4 +24,5 @@ PYBIND11_MODULE(_native, m) {
     wb::bind_model(m);
     wb::bind_context(m);
     wb::bind_sampler(m);
+    wb::bind_grammar(m);
 }

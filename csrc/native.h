@@ -85,10 +85,28 @@ private:
     std::string abort_reason_;
 };
 
+// A parsed GBNF grammar kept as a prototype sampler: parsing happens once, each request
+// gets a clone (llama_sampler_clone) with its own parse state.
+class Grammar {
+public:
+    Grammar(std::shared_ptr<Model> model, const std::string & text, const std::string & root);
+    ~Grammar();
+    Grammar(const Grammar &) = delete;
+    Grammar & operator=(const Grammar &) = delete;
+    llama_sampler * clone() const;
+
+    std::shared_ptr<Model> model;
+    std::string text;
+
+private:
+    llama_sampler * proto_ = nullptr;
+};
+
 void check_seq(const Context & ctx, llama_seq_id seq);
 
 void bind_model(py::module_ & m);
 void bind_context(py::module_ & m);
 void bind_sampler(py::module_ & m);
+void bind_grammar(py::module_ & m);
 
 }  // namespace wb

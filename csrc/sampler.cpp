@@ -27,31 +27,21 @@ public:
         if (p.contains("grammar_root") && !p["grammar_root"].is_none()) grammar_root = p["grammar_root"].cast<std::string>();
 
         ignore_eos_ = p.contains("ignore_eos") && p["ignore_eos"].cast<bool>();
-        // Plain greedy needs no candidate array: an argmax over the logits row gives the same
-        // token as llama.cpp's greedy sampler (first maximum wins) at a fraction of the cost.
-        fast_greedy_ = temperature <= 0.0 && grammar.empty() && repeat_penalty == 1.0;
+        // the grammar first: parsing may fail, and nothing has been allocated yet
+        llama_sampler * grammar_s = nullptr;
+        if (p.contains("grammar_proto") && !p["grammar_proto"].is_none()) {
+            // a pre-parsed grammar (the engine's compiled-grammar cache): clone, do not re-parse
+            grammar_s = p["grammar_proto"].cast<std::shared_ptr<Grammar>>()->clone();
+        } else if (!grammar.empty()) {
+            grammar_s = Grammar(model, grammar, grammar_root).clone();
+        }
+        const bool has_grammar = grammar_s != nullptr;
         llama_sampler_chain_params cp = llama_sampler_chain_default_params();
         cp.no_perf = true;
         chain_ = llama_sampler_chain_init(cp);
         const llama_vocab * vocab = model->vocab();
-        if (!grammar.empty()) {
-            clear_recent_log();
-            llama_sampler * g = nullptr;
-            try {
-                g = llama_sampler_init_grammar(vocab, grammar.c_str(), grammar_root.c_str());
-            } catch (const std::exception &) {
-                g = nullptr;
-            }
-            if (g == nullptr) {
-                std::string why = recent_log();
-                llama_sampler_free(chain_);
-                chain_ = nullptr;
-                throw py::value_error("option grammar: llama.cpp could not parse the grammar" +
-                                      (why.empty() ? std::string() : ": " + why));
-            }
-            llama_sampler_chain_add(chain_, g);
-        }
-        if (p.contains("ignore_eos") && p["ignore_eos"].cast<bool>()) {
+        if (grammar_s != nullptr) llama_sampler_chain_add(chain_, grammar_s);
+        if (ignore_eos_) {
             // as llama-server's ignore_eos: end-of-generation tokens get -inf logits
             std::vector<llama_logit_bias> bias;
             const int n_vocab = llama_vocab_n_tokens(vocab);
@@ -63,6 +53,9 @@ public:
         if (repeat_penalty != 1.0) {
             llama_sampler_chain_add(chain_, llama_sampler_init_penalties(llama_vocab_n_tokens(vocab), (int32_t)repeat_last_n, (float)repeat_penalty, 0.0f, 0.0f));
         }
+        // Plain greedy needs no candidate array: an argmax over the logits row gives the same
+        // token as llama.cpp's greedy sampler (first maximum wins) at a fraction of the cost.
+        fast_greedy_ = temperature <= 0.0 && !has_grammar && repeat_penalty == 1.0;
         if (temperature <= 0.0) {
             llama_sampler_chain_add(chain_, llama_sampler_init_greedy());
         } else {

@@ -1,0 +1,12 @@
+"""The public names of workbench.cache import from the package itself."""
+
+from __future__ import annotations
+
+import importlib
+
+
+def test_public_api_is_exported() -> None:
+    cache = importlib.import_module("workbench.cache")
+    missing = [name for name in cache.__all__ if not hasattr(cache, name)]
+    assert not missing
+    assert cache.TieredCache.__module__ == "workbench.cache.tiered"

@@ -1,0 +1,53 @@
+"""Thread-safe named integer counters, snapshotted as a plain dict.
+
+Names used by the cache (all ints; times are nanosecond totals):
+    hits_exact, hits_partial, misses_cold       lookup() outcomes
+    get_hits, get_misses, promotions            get() outcomes
+    saves_<reason>, saves_duplicate, saves_dropped, saves_too_large, saves_failed,
+    key_collisions                              put() outcomes
+    evictions_<tier>, demotions_<tier>, drops   rows leaving a tier / the cache
+    rejected_<reason>, rejected_total, orphans_removed   corrupt rows and tmp orphans
+    lookup_ns, store_ns, load_ns, pack_ns, unpack_ns     time totals (pack/unpack are
+                                                         recorded by the engine)
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+
+class Counters:
+    """A dict of ints behind a lock; missing names read as 0."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._values: dict[str, int] = {}
+
+    def inc(self, name: str, n: int = 1) -> None:
+        with self._lock:
+            self._values[name] = self._values.get(name, 0) + n
+
+    def get(self, name: str) -> int:
+        with self._lock:
+            return self._values.get(name, 0)
+
+    def snapshot(self) -> dict[str, int]:
+        """A copy, sorted by name."""
+        with self._lock:
+            return dict(sorted(self._values.items()))
+
+    def reset(self) -> None:
+        with self._lock:
+            self._values.clear()
+
+    @contextmanager
+    def timer(self, name: str) -> Iterator[None]:
+        """Add the elapsed nanoseconds of the block to `name`."""
+        start = time.perf_counter_ns()
+        try:
+            yield
+        finally:
+            self.inc(name, time.perf_counter_ns() - start)

@@ -1,0 +1,144 @@
+"""One tier as the cache sees it: storage + its eviction policy + which rows it holds.
+
+A `Level` keeps the byte accounting the budget is enforced against (`used` for committed
+rows, `reserved` for writes in flight) and chooses victims. It is not thread-safe: the
+tiered cache calls it under its lock.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from workbench.cache.policies import EvictionPolicy
+from workbench.cache.tiers import Tier
+from workbench.cache.types import RowStats
+
+
+def _noop(row: RowStats) -> None:
+    return None
+
+
+def _never(key: str) -> bool:
+    return False
+
+
+class Level:
+    """A tier bound to a policy, with the set of rows it holds and their stored sizes."""
+
+    def __init__(self, tier: Tier, policy: EvictionPolicy) -> None:
+        self.tier = tier
+        self.policy = policy
+        self.sizes: dict[str, int] = {}
+        self.used = 0
+        self.reserved = 0
+        self._admit = getattr(policy, "on_admit", None) or _noop
+        self._insert = getattr(policy, "on_insert", None) or _noop
+        self._hit = getattr(policy, "on_hit", None) or _noop
+        self._evict = getattr(policy, "on_evict", None) or _noop
+        self._remove = getattr(policy, "on_remove", None) or _noop
+        self._victim: Callable[..., str | None] | None = getattr(policy, "victim", None)
+        set_capacity = getattr(policy, "set_capacity", None)
+        if set_capacity is not None:
+            set_capacity(tier.budget_bytes)
+
+    @property
+    def name(self) -> str:
+        return self.tier.name
+
+    @property
+    def budget(self) -> int | None:
+        return self.tier.budget_bytes
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.sizes
+
+    def fits(self, size: int) -> bool:
+        """Could a row of `size` bytes ever live here (ignoring what is stored now)?"""
+        return self.budget is None or size <= self.budget
+
+    def overflow(self, extra: int = 0) -> int:
+        """Bytes to free so that `extra` more fit (<= 0: nothing to free)."""
+        if self.budget is None:
+            return 0
+        return self.used + self.reserved + extra - self.budget
+
+    def admit(self, row: RowStats) -> None:
+        self._admit(row)
+
+    def add(self, row: RowStats, size: int) -> None:
+        self.sizes[row.key] = size
+        self.used += size
+        self._insert(row)
+
+    def hit(self, row: RowStats) -> None:
+        self._hit(row)
+
+    def discard(self, row: RowStats, *, evicted: bool) -> int:
+        """Stop holding a row; return the bytes it used (0 if it was not here)."""
+        size = self.sizes.pop(row.key, None)
+        if size is None:
+            return 0
+        self.used -= size
+        if evicted:
+            self._evict(row)
+        self._remove(row)
+        return size
+
+    def score(self, row: RowStats, now: float) -> float:
+        return self.policy.priority(row, now)
+
+    def choose_victims(self, need: int, rows: Mapping[str, RowStats], now: float) -> list[str]:
+        """Rows to evict, in order, until at least `need` bytes are freed (or none are left).
+
+        Protected rows come last. With a `victim()` policy the policy is asked first with
+        protection on, then, only if that yields nothing, with protection off.
+        """
+        if need <= 0 or not self.sizes:
+            return []
+        if self._victim is not None:
+            return self._victims_from_policy(need, rows)
+        heap = [
+            (rows[k].protected, self.policy.priority(rows[k], now), rows[k].seq, k)
+            for k in self.sizes
+        ]
+        heapq.heapify(heap)
+        out: list[str] = []
+        freed = 0
+        while heap and freed < need:
+            key = heapq.heappop(heap)[3]
+            out.append(key)
+            freed += self.sizes[key]
+        return out
+
+    def _victims_from_policy(self, need: int, rows: Mapping[str, RowStats]) -> list[str]:
+        assert self._victim is not None
+
+        def is_protected(key: str) -> bool:
+            row = rows.get(key)
+            return row is not None and row.protected
+
+        out: list[str] = []
+        taken: set[str] = set()
+        freed = 0
+        for _ in range(4 * len(self.sizes) + 4):  # bound: a buggy policy cannot spin us
+            if freed >= need:
+                break
+            key = self._victim(is_protected) or self._victim(_never)
+            if key is None:
+                break
+            if key in self.sizes and key not in taken:
+                taken.add(key)
+                out.append(key)
+                freed += self.sizes[key]
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            **self.tier.describe(),
+            "policy": self.policy.name,
+            "rows": len(self.sizes),
+            "used_bytes": self.used,
+            "reserved_bytes": self.reserved,
+        }

@@ -1,0 +1,163 @@
+"""Eviction policies: small strategies that rank rows; the cache owns the bookkeeping.
+
+A policy returns a sortable priority for a row; the cache evicts the lowest first. The
+cache sorts by (protected, priority, seq): pinned and live rows come after every other row
+whatever their priority, and `RowStats.seq` (a logical access clock) breaks ties, so equal
+priorities fall back to least-recently-used.
+
+Optional hooks, called by the cache after it updated the row's `RowStats`:
+`on_admit(row)` (a new row is about to be stored; before room is made), `on_insert(row)`,
+`on_hit(row)`, `on_evict(row)` (the cache chose to evict it), `on_remove(row)` (it left the
+tier for any reason), `set_capacity(bytes | None)` (bound to a tier with that budget). A
+policy that cannot be written as a priority (S3-FIFO) also provides
+`victim(is_protected) -> key | None` and chooses victims itself.
+
+Stateful policies keep per-tier state: give each tier its own instance (`get_policy` with a
+name or a class makes a fresh one).
+
+Formulas (t = row.last_used_at: the last hit, or the creation time):
+    lru       t
+    lfu       hits                      (ties: least recently used first)
+    frecency  t + credit * log2(1 + hits) * 0.5 ** ((now - t) / half_life)
+              credit = 3600 s, half_life = 6 h: each doubling of the hit count moves the
+              row one hour "forward in time", and that bonus halves every 6 h without use
+    gdsf      L + freq * cost / size    computed at insert and on each hit, where
+              freq = hits + 1, cost = n_tokens (prefill saved), size = size_bytes, and
+              L (inflation) = the priority of the last evicted row
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Protocol, Union, runtime_checkable
+
+from workbench.cache.s3fifo import S3FIFO
+from workbench.cache.types import RowStats
+
+PriorityFn = Callable[[RowStats, float], float]
+
+
+@runtime_checkable
+class EvictionPolicy(Protocol):
+    """What the cache needs from a policy; the hooks listed in the module doc are optional."""
+
+    name: str
+
+    def priority(self, row: RowStats, now: float) -> float:
+        """Lower is evicted first."""
+        ...
+
+
+class LRU:
+    """Least recently used: the oldest last use goes first."""
+
+    name = "lru"
+
+    def priority(self, row: RowStats, now: float) -> float:
+        return row.last_used_at
+
+
+class LFU:
+    """Least frequently used: the fewest hits go first (ties: least recently used)."""
+
+    name = "lfu"
+
+    def priority(self, row: RowStats, now: float) -> float:
+        return float(row.hits)
+
+
+class Frecency:
+    """Recency pushed forward by a hit bonus that decays with a half-life (erllama 0.9)."""
+
+    name = "frecency"
+
+    def __init__(self, credit_s: float = 3600.0, half_life_s: float = 6 * 3600.0) -> None:
+        if half_life_s <= 0:
+            raise ValueError(f"half_life_s must be > 0, got {half_life_s}")
+        self.credit_s = credit_s
+        self.half_life_s = half_life_s
+
+    def priority(self, row: RowStats, now: float) -> float:
+        t = row.last_used_at
+        if row.hits <= 0:
+            return t
+        age = max(0.0, now - t)
+        bonus = self.credit_s * math.log2(1 + row.hits) * 0.5 ** (age / self.half_life_s)
+        return t + bonus
+
+
+class GDSF:
+    """GreedyDual-Size-Frequency: keep rows that save much prefill per byte and are reused."""
+
+    name = "gdsf"
+
+    def __init__(self) -> None:
+        self.inflation = 0.0
+        self._h: dict[str, float] = {}
+
+    def _value(self, row: RowStats) -> float:
+        cost = max(1, row.n_tokens)
+        size = max(1, row.size_bytes)
+        return self.inflation + (row.hits + 1) * cost / size
+
+    def on_insert(self, row: RowStats) -> None:
+        self._h[row.key] = self._value(row)
+
+    def on_hit(self, row: RowStats) -> None:
+        self._h[row.key] = self._value(row)
+
+    def on_evict(self, row: RowStats) -> None:
+        self.inflation = max(self.inflation, self._h.get(row.key, self.inflation))
+
+    def on_remove(self, row: RowStats) -> None:
+        self._h.pop(row.key, None)
+
+    def priority(self, row: RowStats, now: float) -> float:
+        h = self._h.get(row.key)
+        return self._value(row) if h is None else h
+
+
+class FunctionPolicy:
+    """A plain `(row, now) -> float` function used as a policy."""
+
+    def __init__(self, fn: PriorityFn, name: str | None = None) -> None:
+        self.fn = fn
+        self.name = name or getattr(fn, "__name__", "custom")
+
+    def priority(self, row: RowStats, now: float) -> float:
+        return float(self.fn(row, now))
+
+
+POLICIES: dict[str, type] = {
+    "frecency": Frecency,
+    "gdsf": GDSF,
+    "lfu": LFU,
+    "lru": LRU,
+    "s3fifo": S3FIFO,
+}
+
+PolicySpec = Union[str, EvictionPolicy, type, PriorityFn]
+
+
+def get_policy(spec: PolicySpec) -> EvictionPolicy:
+    """A policy from a registered name, an instance, a class, or a `(row, now)` function.
+
+    Names and classes give a fresh instance; an instance is returned as is. An unknown name
+    raises ValueError naming the valid ones.
+    """
+    if isinstance(spec, str):
+        cls = POLICIES.get(spec.lower())
+        if cls is None:
+            raise ValueError(f"unknown eviction policy {spec!r}; valid: {', '.join(sorted(POLICIES))}")
+        return cls()  # type: ignore[no-any-return]
+    if isinstance(spec, type):
+        obj = spec()
+        if not isinstance(obj, EvictionPolicy):
+            raise TypeError(f"{spec.__name__} has no name/priority, so it is not an eviction policy")
+        return obj
+    if isinstance(spec, EvictionPolicy):
+        return spec
+    if callable(spec):
+        return FunctionPolicy(spec)
+    raise TypeError(f"cannot make an eviction policy from {spec!r}")

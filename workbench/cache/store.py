@@ -1,0 +1,226 @@
+"""Row files in a directory: crash-safe publish, detach, and the start-up scan.
+
+Publish protocol (a reader or a crash never sees a half-written `<key>.kv`):
+
+  1. create `<key>.tmp.<pid>.<random>` with O_CREAT|O_EXCL, mode 0600
+  2. write header+tokens, then the payload; fsync the file
+  3. link(2) it to `<key>.kv`: fails if the row exists, so a published file is never
+     replaced (same key = same tokens and namespace = same KV, so the first writer wins);
+     rename(2) is the fallback on file systems without hard links
+  4. unlink the tmp name; fsync the directory so the new name survives power loss
+
+A crash leaves at worst a tmp file, which the next scan removes once its writer is gone.
+Directories are created 0700 and must belong to us: shared /dev/shm is world-writable,
+and someone else's directory there must never be trusted.
+
+Scan: adopt every `<key>.kv` that verifies (magic, version, sizes, checksums, key, and
+optionally the model fingerprint); delete and count the rest by reason; delete tmp
+orphans (writer pid gone, or older than `tmp_ttl_s`); leave other files alone.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from workbench.cache.format import (
+    ChecksumAlgo,
+    CorruptReason,
+    CorruptRow,
+    RowMeta,
+    encode_row,
+    read_row,
+    row_size,
+)
+
+ROW_SUFFIX = ".kv"
+TMP_MARK = ".tmp."
+
+
+@dataclass(slots=True)
+class ScanReport:
+    """What a directory scan found: adopted rows (with file sizes) and what it removed."""
+
+    rows: list[tuple[RowMeta, int]] = field(default_factory=list)
+    rejected: dict[str, int] = field(default_factory=dict)
+    orphans_removed: int = 0
+    tmp_kept: int = 0
+
+    @property
+    def n_rejected(self) -> int:
+        return sum(self.rejected.values())
+
+
+def ensure_private_dir(path: Path) -> Path:
+    """Create `path` (and missing parents) with mode 0700; refuse one we do not own or that
+    others can access."""
+    path = Path(path)
+    missing = []
+    p = path
+    while not p.exists():
+        missing.append(p)
+        p = p.parent
+    for d in reversed(missing):
+        try:
+            os.mkdir(d, 0o700)
+        except FileExistsError:
+            pass
+    st = os.stat(path)
+    if st.st_uid != os.getuid():
+        raise PermissionError(f"{path} belongs to uid {st.st_uid}, not to us ({os.getuid()})")
+    if st.st_mode & 0o077:  # KV state reveals the prompts it was computed from
+        raise PermissionError(
+            f"{path} is accessible to other users (mode {st.st_mode & 0o777:o}); "
+            "chmod 700 it or choose another root"
+        )
+    return path
+
+
+def row_path(root: Path, key: str) -> Path:
+    return root / f"{key}{ROW_SUFFIX}"
+
+
+def tmp_path(root: Path, key: str) -> Path:
+    return root / f"{key}{TMP_MARK}{os.getpid()}.{secrets.token_hex(4)}"
+
+
+def fsync_dir(root: Path) -> None:
+    fd = os.open(root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+def publish_row(root: Path, meta: RowMeta, payload: bytes, algo: ChecksumAlgo = ChecksumAlgo.XXH3_128) -> int:
+    """Write a row crash-safely as `<key>.kv`; return its size. Publishing a key that is
+    already there keeps the existing file."""
+    head = encode_row(meta, payload, algo)
+    final = row_path(root, meta.key)
+    tmp = tmp_path(root, meta.key)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
+    try:
+        try:
+            _write_all(fd, head)
+            _write_all(fd, payload)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        _link_or_rename(tmp, final)
+    finally:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass  # renamed into place
+    fsync_dir(root)
+    return row_size(meta.n_tokens, len(payload))
+
+
+def _link_or_rename(tmp: Path, final: Path) -> None:
+    try:
+        os.link(tmp, final)
+    except FileExistsError:
+        return
+    except OSError as exc:
+        if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK):
+            raise
+        if not final.exists():
+            os.rename(tmp, final)
+
+
+def detach_row(root: Path, key: str) -> Path | None:
+    """Rename `<key>.kv` to a private tmp name, so it can be copied elsewhere and deleted
+    without racing a new publish of the same key; None if it is not there. A crash
+    before the copy completes loses the row (it is a cache), never corrupts it."""
+    src = row_path(root, key)
+    dst = tmp_path(root, key)
+    try:
+        os.rename(src, dst)
+    except FileNotFoundError:
+        return None
+    return dst
+
+
+def remove_row(root: Path, key: str) -> bool:
+    try:
+        os.unlink(row_path(root, key))
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def scan_dir(
+    root: Path,
+    *,
+    verify_payload: bool = True,
+    expected_fingerprint: bytes | None = None,
+    tmp_ttl_s: float = 600.0,
+) -> ScanReport:
+    """Verify every row file under `root`; see the module doc for what is kept."""
+    report = ScanReport()
+    now = time.time()
+    for entry in os.scandir(root):
+        name = entry.name
+        if TMP_MARK in name:
+            if _is_orphan(entry, now, tmp_ttl_s):
+                _unlink_quietly(entry.path)
+                report.orphans_removed += 1
+            else:
+                report.tmp_kept += 1
+            continue
+        if not name.endswith(ROW_SUFFIX) or not entry.is_file(follow_symlinks=False):
+            continue
+        try:
+            row = read_row(entry.path, verify=verify_payload, expected_fingerprint=expected_fingerprint,
+                           load_payload=False)
+            if name != f"{row.meta.key}{ROW_SUFFIX}":
+                raise CorruptRow(CorruptReason.KEY_MISMATCH, f"file {name} holds {row.meta.key}")
+        except CorruptRow as exc:
+            _unlink_quietly(entry.path)
+            report.rejected[exc.reason.value] = report.rejected.get(exc.reason.value, 0) + 1
+            continue
+        except FileNotFoundError:
+            continue
+        report.rows.append((row.meta, row_size(row.meta.n_tokens, row.payload_len)))
+    return report
+
+
+def _is_orphan(entry: os.DirEntry[str], now: float, ttl: float) -> bool:
+    """A tmp file is an orphan when its writer process is gone or it is older than `ttl`."""
+    try:
+        age = now - entry.stat(follow_symlinks=False).st_mtime
+    except FileNotFoundError:
+        return False
+    if age > ttl:
+        return True
+    try:
+        pid = int(entry.name.split(TMP_MARK, 1)[1].split(".", 1)[0])
+    except (IndexError, ValueError):
+        return True
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def _unlink_quietly(path: str | Path) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

@@ -1,0 +1,367 @@
+"""The tiered KV prefix cache: one index over RAM, shm and disk tiers.
+
+Tiers are ordered fastest first. A new row goes to the first tier (or a named one) that can
+hold it; making room evicts rows by that tier's policy and demotes them to the next tier
+that can hold them; from the last tier they are dropped. Pinned and live rows go last.
+
+Promotion is inclusive: a hit in a lower tier copies the row up to the top tier and keeps
+the lower copy, so a read never removes a persistent copy (a crash after a promotion still
+finds the row on disk), and demoting the row again later costs no write: a row evicted
+from a tier that has a copy further down just drops the upper copy. Budgets count every
+copy where it is stored.
+
+Concurrency: one RLock guards the catalog, the tier accounting and the policies. Payload
+I/O (writing row files, reading them back, copying demoted rows) runs outside it (see
+`placement`). A row being demoted is briefly in no tier; a `get` then returns None (a
+miss, never a wrong payload).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
+from typing import Any
+
+from workbench.cache import keys
+from workbench.cache.catalog import Catalog
+from workbench.cache.counters import Counters
+from workbench.cache.format import CorruptRow, RowMeta
+from workbench.cache.keys import CacheNamespace, Tokens
+from workbench.cache.levels import Level
+from workbench.cache.placement import Job, TierStack
+from workbench.cache.policies import PolicySpec, get_policy
+from workbench.cache.save_queue import SaveQueue
+from workbench.cache.store import ScanReport
+from workbench.cache.tiers import Detached, RowMissing, Tier
+from workbench.cache.types import HitKind, Match, RowStats, SaveReason
+
+
+class TieredCache:
+    """Content-addressed KV prefix cache over ordered tiers; all methods are thread-safe."""
+
+    def __init__(
+        self,
+        tiers: Iterable[Tier | tuple[Tier, PolicySpec]] = (),
+        *,
+        policy: PolicySpec = "frecency",
+        block_size: int = 16,
+        clock: Callable[[], float] = time.time,
+        save_workers: int = 2,
+        max_pending_saves: int = 8,
+    ) -> None:
+        self._lock = threading.RLock()
+        self._counters = Counters()
+        self._catalog = Catalog(block_size)
+        self._stack = TierStack(self._catalog, self._counters, self._lock, clock)
+        self._inflight: dict[str, tuple[bytes, bytes]] = {}  # puts being written: (ns, tokens)
+        self._default_policy = policy
+        self._clock = clock
+        self._save_workers = save_workers
+        self._max_pending = max_pending_saves
+        self._saves: SaveQueue | None = None
+        for item in tiers:
+            tier, spec = item if isinstance(item, tuple) else (item, None)
+            self.add_tier(tier, spec)
+
+    # -- tiers -----------------------------------------------------------------------------
+    def add_tier(self, tier: Tier, policy: PolicySpec | None = None, *, position: int | None = None) -> None:
+        """Add a tier (slowest last unless `position` is given). A policy name or class makes
+        a fresh instance for this tier; never share one stateful instance between tiers."""
+        with self._lock:
+            levels = self._stack.levels
+            if any(level.name == tier.name for level in levels):
+                raise ValueError(f"a tier named {tier.name!r} already exists")
+            level = Level(tier, get_policy(self._default_policy if policy is None else policy))
+            levels.insert(len(levels) if position is None else position, level)
+
+    def remove_tier(self, name: str, *, purge: bool = False) -> int:
+        """Detach a tier; rows held nowhere else leave the cache. Files stay on disk unless
+        `purge` (a RAM tier is always cleared). Returns how many rows left the cache."""
+        with self._lock:
+            level = self._stack.level(name)
+            self._stack.levels.remove(level)
+            dropped = 0
+            for key in list(level.sizes):
+                entry = self._catalog.get(key)
+                if entry is not None:
+                    level.discard(entry.stats, evicted=False)
+                if purge or not level.tier.persistent:
+                    level.tier.delete(key)
+                self._stack.update_tier(key)
+                if self._stack.forget_if_homeless(key):
+                    dropped += 1
+            return dropped
+
+    def list_tiers(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return [level.describe() for level in self._stack.levels]
+
+    def scan(
+        self, *, verify_payload: bool = True, expected_fingerprint: bytes | None = None
+    ) -> dict[str, ScanReport]:
+        """Adopt the rows persistent tiers already hold (start-up); remove what fails to
+        verify and tmp orphans. With `expected_fingerprint` (a tier dedicated to one model),
+        rows of other models are removed too. Pins come back from the row headers (the
+        newest pinned row of each namespace)."""
+        with self._lock:
+            levels = [level for level in self._stack.levels if level.tier.persistent]
+        reports: dict[str, ScanReport] = {}
+        for level in levels:
+            report = level.tier.scan(verify_payload=verify_payload, expected_fingerprint=expected_fingerprint)
+            reports[level.name] = report
+            for reason, n in report.rejected.items():
+                self._counters.inc(f"rejected_{reason}", n)
+            self._counters.inc("rejected_total", report.n_rejected)
+            self._counters.inc("orphans_removed", report.orphans_removed)
+            with self._lock:
+                for meta, size in sorted(report.rows, key=lambda r: r[0].created_at):
+                    self._adopt(level, meta, size)
+                jobs = self._stack.evict_from(level, level.overflow())
+            self._stack.run(jobs)
+        return reports
+
+    # -- rows ------------------------------------------------------------------------------
+    def put(
+        self,
+        namespace: CacheNamespace,
+        tokens: Tokens,
+        payload: bytes,
+        reason: SaveReason | str = SaveReason.FINISH,
+        *,
+        pinned: bool = False,
+        tier: str | None = None,
+    ) -> str | None:
+        """Store the KV `payload` of `tokens`; return its key, or None if it was not stored
+        (too large for every tier, a key collision, or a write error). An agent_prefix
+        row is pinned; at most one row per namespace is pinned."""
+        reason = SaveReason.parse(reason)
+        pinned = pinned or reason is SaveReason.AGENT_PREFIX
+        ns = namespace.digest()
+        raw = keys.token_bytes(tokens)
+        if not raw:
+            raise ValueError("cannot cache an empty prefix")
+        key = keys.row_key_from_bytes(ns, raw)
+        now = self._clock()
+        with self._lock:
+            start = 0 if tier is None else self._stack.levels.index(self._stack.level(tier))
+            if key in self._catalog or key in self._inflight:
+                return self._duplicate(key, ns, raw, pinned)
+            self._inflight[key] = (ns, raw)
+        stats = RowStats(key, len(payload), len(raw) // 4, now, pinned=pinned, reason=reason)
+        meta = RowMeta(key, ns, namespace.fingerprint_bytes, raw, reason, now, 0, pinned)
+        try:
+            stored = self._stack.place(Job(meta, stats, Detached(payload=bytes(payload)), start, new=True))
+        finally:
+            with self._lock:
+                self._inflight.pop(key, None)
+        if stored:
+            self._counters.inc(f"saves_{reason.name.lower()}")
+        return key if stored else None
+
+    def put_async(self, namespace: CacheNamespace, tokens: Tokens, payload: bytes,
+                  reason: SaveReason | str = SaveReason.FINISH, **kwargs: Any) -> bool:
+        """`put` on the bounded writer pool; False (saves_dropped += 1) if the pool is full."""
+        with self._lock:
+            if self._saves is None:
+                self._saves = SaveQueue(self._save_workers, self._max_pending, self._counters)
+        return self._saves.submit(self.put, namespace, tokens, payload, reason, **kwargs)
+
+    def get(self, key: str, *, promote: bool = True) -> bytes | None:
+        """The payload of a row (verified if it comes from a file), or None. A hit in a lower
+        tier is copied up to the top tier (unless `promote` is False); the lower copy stays."""
+        start = time.perf_counter_ns()
+        with self._lock:
+            entry = self._catalog.get(key)
+            src = self._stack.top_index(key)
+            if entry is None or src is None:
+                self._counters.inc("get_misses")
+                return None
+            level = self._stack.levels[src]
+        try:
+            payload = level.tier.read(key, entry.fingerprint)
+        except (RowMissing, CorruptRow) as exc:
+            with self._lock:
+                self._stack.drop_copy(level, key, exc if isinstance(exc, CorruptRow) else None)
+            self._counters.inc("get_misses")
+            return None
+        job = None
+        with self._lock:
+            # if the row left meanwhile the payload is still the verified KV of this key
+            # (keys are content addresses), but there is no row left to update
+            if self._catalog.get(key) is entry:
+                self._catalog.touch(entry.stats, self._clock())
+                for holder in self._stack.holding(key):
+                    holder.hit(entry.stats)
+                if src > 0 and promote:
+                    job = Job(self._catalog.meta(key), entry.stats, Detached(payload=payload), 0, new=False)
+                    self._stack.start_move(key)
+        self._counters.inc("get_hits")
+        if job is not None and self._stack.place(job):
+            self._counters.inc("promotions")
+        self._counters.inc("load_ns", time.perf_counter_ns() - start)
+        return payload
+
+    def lookup(self, namespace: CacheNamespace | bytes, tokens: Tokens) -> Match | None:
+        """Longest cached prefix of `tokens` across all tiers (nothing is loaded); counts
+        the hit kind."""
+        start = time.perf_counter_ns()
+        raw = keys.token_bytes(tokens)
+        with self._lock:
+            match = self._catalog.longest_prefix(_digest(namespace), raw)
+            if match is not None:
+                match = Match(match.key, match.n_tokens, self._stack.top_name(match.key))
+        kind = HitKind.of(0 if match is None else match.n_tokens, len(raw) // 4)
+        self._counters.inc("misses_cold" if kind is HitKind.COLD else f"hits_{kind.value}")
+        self._counters.inc("lookup_ns", time.perf_counter_ns() - start)
+        return match
+
+    def cached_prefix_len(self, namespace: CacheNamespace | bytes, tokens: Tokens) -> int:
+        """Length of the longest cached prefix; a probe, so no counters move."""
+        raw = keys.token_bytes(tokens)
+        with self._lock:
+            match = self._catalog.longest_prefix(_digest(namespace), raw)
+        return 0 if match is None else match.n_tokens
+
+    def __contains__(self, key: object) -> bool:
+        with self._lock:
+            return key in self._catalog
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._catalog)
+
+    def keys(self) -> list[str]:
+        """Keys of all rows, in insertion order."""
+        with self._lock:
+            return list(self._catalog.entries)
+
+    def remove(self, key: str) -> bool:
+        """Delete a row from every tier."""
+        with self._lock:
+            entry = self._catalog.get(key)
+            if entry is None:
+                return False
+            for level in self._stack.levels:
+                if level.discard(entry.stats, evicted=False):
+                    level.tier.delete(key)
+            self._catalog.forget(key)
+            return True
+
+    def evict_bytes(self, n: int, tier: str | None = None) -> int:
+        """Free at least `n` bytes in `tier` (default: the top tier), demoting the evicted
+        rows down the tiers (dropped from the last). Returns the bytes freed there."""
+        with self._lock:
+            if not self._stack.levels:
+                return 0
+            level = self._stack.levels[0] if tier is None else self._stack.level(tier)
+            before = level.used
+            jobs = self._stack.evict_from(level, n)
+            freed = before - level.used
+        self._stack.run(jobs)
+        return freed
+
+    # -- pins and live rows ----------------------------------------------------------------
+    def pin(self, key: str) -> str | None:
+        """Protect a row; the previously pinned row of its namespace (returned) is unpinned."""
+        with self._lock:
+            return self._catalog.pin(self._catalog.entry(key))
+
+    def unpin(self, key: str) -> bool:
+        """Unpin a row; False if it was not pinned."""
+        with self._lock:
+            return self._catalog.unpin(key)
+
+    def set_live(self, key: str, live: bool = True) -> bool:
+        """Mark a row as the KV of a live session (protected from eviction while live)."""
+        with self._lock:
+            entry = self._catalog.get(key)
+            if entry is None:
+                return False
+            entry.stats.live = live
+            return True
+
+    # -- views -----------------------------------------------------------------------------
+    def rows(self) -> list[dict[str, Any]]:
+        """One dict per row, with its score under the policy of the top tier holding it."""
+        now = self._clock()
+        out = []
+        with self._lock:
+            for key, entry in self._catalog.entries.items():
+                s = entry.stats
+                holders = self._stack.holding(key)
+                top = holders[0] if holders else None
+                out.append({
+                    "key": key, "key_preview": key[:12], "scope": entry.namespace.hex()[:12],
+                    "n_tokens": s.n_tokens, "bytes": s.size_bytes,
+                    "tier": None if top is None else top.name, "tiers": [h.name for h in holders],
+                    "reason": s.reason.name.lower(), "hits": s.hits, "last_hit_at": s.last_hit_at,
+                    "created_at": s.created_at, "pinned": s.pinned, "live": s.live,
+                    "score": None if top is None else top.score(s, now),
+                })
+        return out
+
+    def counters(self) -> dict[str, int]:
+        """A snapshot of the counters (see `counters.py`) plus gauges bytes_<tier>,
+        rows_<tier> and rows."""
+        snap = self._counters.snapshot()
+        with self._lock:
+            for level in self._stack.levels:
+                snap[f"bytes_{level.name}"] = level.used
+                snap[f"rows_{level.name}"] = len(level.sizes)
+            snap["rows"] = len(self._catalog)
+        return snap
+
+    def record_ns(self, name: str, ns: int) -> None:
+        """Add to a time total kept with the cache counters (the engine records pack_ns
+        and unpack_ns, the time spent packing/unpacking llama.cpp sequence state)."""
+        self._counters.inc(name, ns)
+
+    def timed(self, name: str) -> AbstractContextManager[None]:
+        """`with cache.timed("pack_ns"): ...` adds the block's duration to `name`."""
+        return self._counters.timer(name)
+
+    def info(self) -> dict[str, Any]:
+        with self._lock:
+            return {"rows": len(self._catalog), "block_size": self._catalog.index.block_size,
+                    "pinned": len(self._catalog.pins), "tiers": self.list_tiers(),
+                    "counters": self.counters()}
+
+    def close(self, wait: bool = True) -> None:
+        """Finish (or abandon) pending background saves."""
+        if self._saves is not None:
+            self._saves.close(wait=wait)
+
+    # -- internals (lock held) -------------------------------------------------------------
+    def _duplicate(self, key: str, ns: bytes, raw: bytes, pinned: bool) -> str | None:
+        if self._catalog.conflicts(key, ns, raw) or self._inflight.get(key, (ns, raw)) != (ns, raw):
+            self._counters.inc("key_collisions")
+            return None
+        self._counters.inc("saves_duplicate")
+        entry = self._catalog.get(key)
+        if pinned and entry is not None:
+            self._catalog.pin(entry)
+        return key
+
+    def _adopt(self, level: Level, meta: RowMeta, size: int) -> None:
+        """Take a row found by a scan into the catalog and the level's accounting."""
+        if self._catalog.conflicts(meta.key, meta.namespace, meta.tokens):
+            self._counters.inc("key_collisions")
+            return
+        entry = self._catalog.get(meta.key)
+        if entry is None:
+            payload_len = size - level.tier.stored_size(meta.n_tokens, 0)
+            stats = RowStats(meta.key, payload_len, meta.n_tokens, meta.created_at,
+                             hits=meta.hits, reason=meta.reason)
+            entry = self._catalog.add(meta, stats)
+        if meta.key not in level:
+            level.admit(entry.stats)
+            level.add(entry.stats, size)
+        if meta.pinned or meta.reason is SaveReason.AGENT_PREFIX:
+            self._catalog.pin(entry)  # rows come sorted by creation time: the newest pin wins
+        self._stack.update_tier(meta.key)
+
+
+def _digest(namespace: CacheNamespace | bytes) -> bytes:
+    return namespace if isinstance(namespace, bytes) else namespace.digest()

@@ -1,0 +1,100 @@
+"""Small value types shared by the cache modules.
+
+`SaveReason` says why a row was written (it is persisted in the row file, so its numeric
+values are part of the on-disk format and must never be renumbered). `HitKind` classifies a
+lookup. `Match` is what a prefix lookup returns. `RowStats` is the mutable bookkeeping the
+cache keeps for every row; eviction policies read it and never write it.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class SaveReason(enum.IntEnum):
+    """Why a row was saved; stored as one byte in the row header."""
+
+    COLD = 1          # a checkpoint taken during a cold prefill
+    CONTINUED = 2     # a checkpoint taken while continuing a cached prefix
+    FINISH = 3        # the full prompt+reply at the end of a request
+    EVICT = 4         # saved because the live sequence was being evicted
+    SHUTDOWN = 5      # saved while the engine shut down
+    AGENT_PREFIX = 6  # the shared system+tools prefix; pinned (one per namespace)
+
+    @classmethod
+    def parse(cls, value: SaveReason | str | int) -> SaveReason:
+        """Accept a member, its lower-case name or its number; name the valid ones if not."""
+        if isinstance(value, SaveReason):
+            return value
+        if isinstance(value, str):
+            try:
+                return cls[value.upper()]
+            except KeyError:
+                pass
+        elif isinstance(value, int) and not isinstance(value, bool):
+            try:
+                return cls(value)
+            except ValueError:
+                pass
+        valid = ", ".join(m.name.lower() for m in cls)
+        raise ValueError(f"unknown save reason {value!r}; valid: {valid}")
+
+
+class HitKind(str, enum.Enum):
+    """How much of a prompt a lookup found cached."""
+
+    EXACT = "exact"      # a row covers the whole prompt
+    PARTIAL = "partial"  # a row covers a proper prefix of the prompt
+    COLD = "cold"        # nothing usable is cached
+
+    @classmethod
+    def of(cls, matched: int, prompt_len: int) -> HitKind:
+        if matched <= 0:
+            return cls.COLD
+        return cls.EXACT if matched >= prompt_len else cls.PARTIAL
+
+
+@dataclass(slots=True, frozen=True)
+class Match:
+    """The longest stored row whose tokens are a prefix of the query.
+
+    `tier` is filled in by the tiered cache (the fastest tier holding the row) and is
+    `None` when the match comes straight from a `PrefixIndex`.
+    """
+
+    key: str
+    n_tokens: int
+    tier: str | None = None
+
+
+@dataclass(slots=True)
+class RowStats:
+    """Mutable per-row bookkeeping, owned and updated by the cache under its lock.
+
+    `seq` is a logical access clock (bumped on insert and on every hit) used to break ties
+    between equal priorities deterministically, so eviction order never depends on dict
+    order or on two events sharing a timestamp.
+    """
+
+    key: str
+    size_bytes: int
+    n_tokens: int
+    created_at: float
+    last_hit_at: float | None = None
+    hits: int = 0
+    pinned: bool = False
+    live: bool = False
+    tier: str | None = None
+    reason: SaveReason = SaveReason.FINISH
+    seq: int = 0
+
+    @property
+    def last_used_at(self) -> float:
+        """The last hit, or the creation time for a row never hit."""
+        return self.created_at if self.last_hit_at is None else self.last_hit_at
+
+    @property
+    def protected(self) -> bool:
+        """Pinned and live rows are evicted only when nothing else frees enough."""
+        return self.pinned or self.live
