@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .engine.engine import Engine, model_id_for
-from .engine.events import CompletionResult, Done, Error
+from .engine.events import CompletionResult
 from .engine.stream import Stream
 from .errors import AlreadyLoaded, EmptyPrompt, InvalidOption, NotLoaded, UnknownRequest
 from .models import fetch_default_model
@@ -136,15 +136,14 @@ def complete(model: str, prompt: str | Sequence[int], **opts: Any) -> Completion
     """
     s = stream(model, prompt, **opts)
     try:
-        for ev in s:
-            if isinstance(ev, Error):
-                raise ev.reason
-            if isinstance(ev, Done):
-                return CompletionResult.from_done(ev, s.model, s.ref)
+        # wait for the end without waking per token (each wake-up costs the loop thread
+        # GIL hand-offs on the decode path); the events are all queued by then
+        while not s.wait(0.25):
+            pass
     except KeyboardInterrupt:
         s.cancel()
         raise
-    raise RuntimeError("stream ended without Done")  # pragma: no cover - the loop always ends one
+    return s.result()
 
 
 def cancel(ref: Stream | int) -> None:

@@ -93,6 +93,10 @@ class Stream:
         except Exception:
             pass
 
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the request has ended (its last event is queued); False on timeout."""
+        return self._request.finished.wait(timeout)
+
     def result(self) -> CompletionResult:
         """Consume the remaining events and return the completion (raises on Error)."""
         for ev in self:
