@@ -15,7 +15,16 @@ PYBIND11_MODULE(_native, m) {
 #else
     m.attr("cuda") = false;
 #endif
-    py::register_exception<wb::NativeError>(m, "NativeError", PyExc_RuntimeError);
+    // Module-local translators run before any other extension's global ones (a module
+    // loaded later, e.g. libcachesim, may translate every std::exception its own way).
+    py::register_local_exception<wb::NativeError>(m, "NativeError", PyExc_RuntimeError);
+    py::register_local_exception_translator([](std::exception_ptr p) {
+        try {
+            if (p) std::rethrow_exception(p);
+        } catch (const py::builtin_exception & e) {
+            e.set_error();  // py::value_error -> ValueError, whatever else is loaded
+        }
+    });
     wb::install_log_callback();
     llama_backend_init();
     m.def("system_info", []() { return std::string(llama_print_system_info()); });

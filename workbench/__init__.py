@@ -8,8 +8,9 @@
 """
 
 from . import _native
-from .api import (cancel, complete, counters, detokenize, list_models, load_model, model_info, phase,
-                  queue_depth, request_info, requests, stream, tokenize, unload)
+from .api import (cancel, complete, continue_session, counters, detokenize, end_session, last_cache_hit,
+                  list_models, load_model, model_info, pending_len, phase, queue_depth, request_info,
+                  requests, reset_session, sessions, stream, tokenize, unload)
 from .engine.events import CompletionResult, Done, Error, Stats, Token, TokenId
 from .engine.stream import Stream
 from .models import DEFAULT_MODEL, default_model_path, fetch_default_model
@@ -18,7 +19,8 @@ __version__ = _native.__version__
 
 __all__ = [
     "CompletionResult", "DEFAULT_MODEL", "Done", "Error", "Stats", "Stream", "Token", "TokenId",
-    "cancel", "complete", "counters", "default_model_path", "detokenize", "fetch_default_model",
-    "list_models", "load_model", "model_info", "phase", "queue_depth", "request_info", "requests",
+    "cancel", "complete", "continue_session", "counters", "default_model_path", "detokenize",
+    "end_session", "fetch_default_model", "last_cache_hit", "list_models", "load_model", "model_info",
+    "pending_len", "phase", "queue_depth", "request_info", "requests", "reset_session", "sessions",
     "stream", "tokenize", "unload",
 ]

@@ -134,7 +134,10 @@ def complete(model: str, prompt: str | Sequence[int], **opts: Any) -> Completion
 
     Ctrl-C (a notebook's Interrupt) cancels the request before re-raising.
     """
-    s = stream(model, prompt, **opts)
+    return _collect(stream(model, prompt, **opts))
+
+
+def _collect(s: Stream) -> CompletionResult:
     try:
         # wait for the end without waking per token (each wake-up costs the loop thread
         # GIL hand-offs on the decode path); the events are all queued by then
@@ -144,6 +147,45 @@ def complete(model: str, prompt: str | Sequence[int], **opts: Any) -> Completion
         s.cancel()
         raise
     return s.result()
+
+
+def continue_session(model: str, session_id: str | int, tokens: Sequence[int], *,
+                     expect_committed: Sequence[int] | None = None, stream: bool = False,
+                     **opts: Any) -> CompletionResult | Stream:
+    """Append caller-asserted ``tokens`` to a session's stored tokens and generate.
+
+    Only the new tokens are prefilled on the session's live KV cells. With
+    ``expect_committed`` (the caller's view of the stored tokens) a mismatch raises
+    TranscriptMismatch and leaves the session intact.
+    """
+    eng = _engine(model)
+    if isinstance(session_id, bool) or not isinstance(session_id, (str, int)):
+        raise InvalidOption("session_id", session_id, "a string or an int")
+    ropts = build(RequestOptions, opts, session_id=session_id)
+    new = _token_list(eng, tokens, "tokens")
+    if not new:
+        raise EmptyPrompt()
+    committed = None if expect_committed is None else _token_list(eng, expect_committed, "expect_committed")
+    s = Stream(eng, eng.submit(new, ropts, continue_session=True, expect_committed=committed))
+    return s if stream else _collect(s)
+
+
+def end_session(model: str, session_id: str | int) -> None:
+    """Release a session's sequence. NoSession if unknown, SessionBusy while a request runs."""
+    _engine(model).end_session(session_id)
+
+
+def reset_session(model: str, session_id: str | int) -> str:
+    """Forcibly drop a session; its in-flight request ends with Error(SessionReset).
+
+    Returns 'recovered' or 'not_found'; reachable while the loop is busy (a running decode
+    is interrupted), TimeoutError if the loop does not answer within 5 s.
+    """
+    return _engine(model).reset_session(session_id)
+
+
+def sessions(model: str) -> list[dict[str, Any]]:
+    return _engine(model).session_info()
 
 
 def cancel(ref: Stream | int) -> None:
@@ -169,10 +211,21 @@ def phase(model: str) -> str:
 
 
 def queue_depth(model: str | None = None) -> int:
+    """Requests running on a sequence now (one model, or all)."""
     if model is not None:
         return _engine(model).queue_depth()
     with _lock:
         return sum(e.queue_depth() for e in _engines.values() if e is not None)
+
+
+def pending_len(model: str) -> int:
+    """Requests waiting for a sequence of this model."""
+    return _engine(model).pending_len()
+
+
+def last_cache_hit(model: str) -> dict[str, Any] | None:
+    """How the most recent admission was served: kind, reused tokens, ref, session."""
+    return _engine(model).last_hit
 
 
 def requests() -> list[dict[str, Any]]:
@@ -198,4 +251,7 @@ def counters() -> dict[str, int]:
     for e in engines:
         for k, v in e.counters.items():
             total[k] = total.get(k, 0) + v
+        g = e.grammars.stats()
+        total["grammar_cache_hits"] = total.get("grammar_cache_hits", 0) + g["hits"]
+        total["grammar_cache_misses"] = total.get("grammar_cache_misses", 0) + g["misses"]
     return total

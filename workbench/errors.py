@@ -113,6 +113,47 @@ class QueueFull(WorkbenchError, RuntimeError):
                          f"{max_queue} requests; retry later or raise max_queue")
 
 
+class SeqCapacity(WorkbenchError, RuntimeError):
+    """on_full='error' and every sequence is in use (none free, no idle pin to reclaim)."""
+
+    def __init__(self, model_id: str, n_seq_max: int) -> None:
+        self.model_id, self.n_seq_max = model_id, n_seq_max
+        super().__init__(f"model {model_id!r}: all {n_seq_max} sequences are busy (on_full='error')")
+
+
+class SessionBusy(WorkbenchError, RuntimeError):
+    """A session already has a request in flight."""
+
+    def __init__(self, session_id: object, ref: int | None = None) -> None:
+        self.session_id, self.ref = session_id, ref
+        super().__init__(f"session {session_id!r} already has a request in flight"
+                         + (f" (ref {ref})" if ref is not None else ""))
+
+
+class NoSession(WorkbenchError, LookupError):
+    """continue_session / end_session named a session the model does not hold."""
+
+    def __init__(self, session_id: object) -> None:
+        self.session_id = session_id
+        super().__init__(f"no session {session_id!r} on this model")
+
+    def __str__(self) -> str:
+        return self.args[0]
+
+
+class TranscriptMismatch(WorkbenchError, ValueError):
+    """expect_committed differs from the session's stored tokens; the session is untouched."""
+
+    def __init__(self, stored_len: int, expected_len: int, diverge_at: int) -> None:
+        self.stored_len, self.expected_len, self.diverge_at = stored_len, expected_len, diverge_at
+        super().__init__(f"expect_committed does not match the session: stored {stored_len} tokens, "
+                         f"expected {expected_len}, first difference at index {diverge_at}")
+
+
+class SessionReset(WorkbenchError, RuntimeError):
+    """reset_session dropped the session this request was running on."""
+
+
 class UnknownRequest(WorkbenchError, LookupError):
     """request_info / cancel got a reference that was never issued."""
 

@@ -79,6 +79,28 @@ def _str(none_ok: bool = True) -> Callable[[str, Any, str], Any]:
     return check
 
 
+def _session_id(key: str, v: Any, where: str) -> Any:
+    if v is None or (isinstance(v, (str, int)) and not isinstance(v, bool)):
+        return v
+    raise InvalidOption(key, v, "a string, an int or None", where)
+
+
+def _json_schema(key: str, v: Any, where: str) -> Any:
+    """A JSON schema as a dict (or JSON text); kept as canonical JSON text."""
+    import json
+
+    if v is None:
+        return None
+    if isinstance(v, str):
+        try:
+            v = json.loads(v)
+        except ValueError as e:
+            raise InvalidOption(key, v, f"valid JSON ({e})", where) from None
+    if not isinstance(v, (dict, bool)):
+        raise InvalidOption(key, v, "a JSON schema (dict or JSON text)", where)
+    return json.dumps(v, sort_keys=True, separators=(",", ":"))
+
+
 def _str_list(key: str, v: Any, where: str) -> Any:
     if v is None:
         return ()
@@ -160,6 +182,9 @@ class RequestOptions:
     seed: int | None = opt(None, _int(0, 2**32 - 2, none_ok=True), "None = a fresh random seed")
     stop_sequences: tuple[str, ...] = opt((), _str_list)
     grammar: str | None = opt(None, _str())
+    json_schema: str | None = opt(None, _json_schema, "constrain output to a JSON schema (dict or text)")
     ignore_eos: bool = opt(False, _bool, "never sample end-of-generation tokens (benchmarks)")
+    session_id: str | int | None = opt(None, _session_id, "pin a sequence to this conversation")
+    on_full: str = opt("block", _choice("block", "error"), "no free sequence: queue, or raise SeqCapacity")
     add_special: bool = opt(True, _bool, "text prompts: add BOS as the vocab says")
     parse_special: bool = opt(True, _bool, "text prompts: parse special tokens in the text")

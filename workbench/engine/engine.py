@@ -1,10 +1,11 @@
 """One loaded model: the native model and context, and the loop thread that drives them.
 
-The loop owns the context. Each tick it admits queued requests onto free sequences, builds
-ONE batch (decode rows + prefill chunks, see scheduler.py), runs one native decode with the
-GIL released and a wall-clock budget, then samples each sequence that produced logits.
-Other threads talk to it only through the admission queue, a request's cancel flag, and
-plain attributes they read (phase, queue depth) without waiting on the loop.
+The loop owns the context, the sequences and the sessions. Each tick it runs queued
+commands (end/reset session), admits queued requests onto sequences, builds ONE batch
+(decode rows + prefill chunks, see scheduler.py), runs one native decode with the GIL
+released and a wall-clock budget, then samples each sequence that produced logits.
+Other threads talk to it only through the admission queue, the command queue, a request's
+cancel flag, and plain attributes they read (phase, counts) without waiting on the loop.
 """
 
 from __future__ import annotations
@@ -13,17 +14,26 @@ import collections
 import random
 import threading
 import time
+from collections.abc import Callable, Hashable
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 from .. import _native
-from ..errors import (ContextOverflow, DecodeFailed, DecodeTimeout, EngineStopped, LoadError, QueueFull)
+from ..errors import (ContextOverflow, DecodeFailed, DecodeTimeout, EngineStopped, LoadError, NoSession,
+                      QueueFull, SeqCapacity, SessionBusy, SessionReset, TranscriptMismatch)
 from ..models import check_model_file, fingerprint
 from ..options import LoadConfig, RequestOptions, default_threads
+from .grammars import GrammarCache
 from .request import Request, next_ref
-from .scheduler import plan_batch
+from .scheduler import BatchPlan, plan_batch
+from .sessions import SessionTable, common_prefix
 
 DEFAULT_N_CTX = 8192
+COMMAND_TIMEOUT_S = 5.0
+COUNTER_NAMES = ("decode_calls", "decoded_tokens", "decode_aborted", "decode_timeouts", "finished_stop",
+                 "finished_length", "finished_cancelled", "hits_cold", "hits_sticky", "sessions_reclaimed",
+                 "sessions_reset")
 
 
 class Engine:
@@ -45,13 +55,17 @@ class Engine:
             self.chunk = max(64, n_batch // 4)
         else:
             self.chunk = cfg.prefill_chunk_size
+        self.grammars = GrammarCache(native_model)
+        self.sessions = SessionTable()
         # state shared with other threads: written by the loop, read anywhere
         self.phase = "idle"
+        self.last_hit: dict[str, Any] | None = None
         self.pending: collections.deque[Request] = collections.deque()
         self.active: list[Request] = []
         self.requests: dict[int, Request] = {}
-        self.counters: collections.Counter[str] = collections.Counter()
+        self.counters: collections.Counter[str] = collections.Counter(dict.fromkeys(COUNTER_NAMES, 0))
         self._free_seqs = list(range(self.ctx.n_seq_max))
+        self._commands: collections.deque[tuple[Callable[[], Any], Future]] = collections.deque()
         self._cv = threading.Condition()
         self._stopping = False
         self._in_decode: set[int] = set()
@@ -87,17 +101,38 @@ class Engine:
             raise LoadError(str(e)) from None
 
     # --- public, any thread --------------------------------------------------------------
-    def submit(self, prompt: list[int], opts: RequestOptions) -> Request:
-        n_ctx = self.ctx.n_ctx
-        if len(prompt) >= n_ctx:
-            raise ContextOverflow(len(prompt), n_ctx, "leave room for at least one generated token")
+    def submit(self, prompt: list[int], opts: RequestOptions, *, continue_session: bool = False,
+               expect_committed: list[int] | None = None) -> Request:
+        """Queue a request; admission errors (capacity, sessions, grammar) raise here."""
+        grammar = self.grammars.for_request(opts.grammar, opts.json_schema)
         seed = opts.seed if opts.seed is not None else random.randrange(2**32 - 1)
-        req = Request(ref=next_ref(), model_id=self.model_id, prompt=list(prompt), opts=opts, seed=seed)
         with self._cv:
             if self._stopping:
                 raise EngineStopped(f"model {self.model_id!r} is being unloaded")
-            if len(self.pending) >= self.cfg.max_queue and not self._free_seqs:
-                raise QueueFull(self.model_id, self.cfg.max_queue)
+            sid = opts.session_id
+            sess = self.sessions.get(sid) if sid is not None else None
+            if sess is not None and sess.busy_ref is not None:
+                raise SessionBusy(sid, sess.busy_ref)
+            if continue_session:
+                if sess is None:
+                    raise NoSession(sid)
+                if expect_committed is not None and list(expect_committed) != sess.tokens:
+                    raise TranscriptMismatch(len(sess.tokens), len(expect_committed),
+                                             common_prefix(sess.tokens, list(expect_committed)))
+                prompt = sess.tokens + list(prompt)
+            if len(prompt) >= self.ctx.n_ctx:
+                raise ContextOverflow(len(prompt), self.ctx.n_ctx, "leave room for at least one generated token")
+            if sess is None or sess.seq is None:
+                placeable = len(self._free_seqs) + len(self.sessions.idle_pinned()) - len(self.pending)
+                if opts.on_full == "error" and placeable <= 0:
+                    raise SeqCapacity(self.model_id, self.ctx.n_seq_max)
+                if 1 - placeable > self.cfg.max_queue:
+                    raise QueueFull(self.model_id, self.cfg.max_queue)
+            req = Request(ref=next_ref(), model_id=self.model_id, prompt=list(prompt), opts=opts, seed=seed)
+            req.grammar = grammar
+            if sid is not None:
+                req.session = self.sessions.get_or_create(sid)
+                req.session.busy_ref = req.ref
             self.pending.append(req)
             self.requests[req.ref] = req
             self._cv.notify()
@@ -113,11 +148,30 @@ class Engine:
                 self.ctx.request_abort()
             self._cv.notify()
 
+    def end_session(self, session_id: Hashable) -> None:
+        self._call(lambda: self._end_session(session_id))
+
+    def reset_session(self, session_id: Hashable) -> str:
+        """Force-drop a session (its in-flight request ends with SessionReset)."""
+        return self._call(lambda: self._reset_session(session_id), interrupt=True)
+
+    def session_info(self) -> list[dict[str, Any]]:
+        with self._cv:
+            return [s.info() for s in self.sessions]
+
     def queue_depth(self) -> int:
+        """Requests running on a sequence now."""
+        return len(self.active)
+
+    def pending_len(self) -> int:
+        """Requests waiting for a sequence."""
         return len(self.pending)
 
     def info(self) -> dict[str, Any]:
         m, c = self.model, self.ctx
+        with self._cv:
+            pinned_idle = len(self.sessions.idle_pinned())
+            n_sessions = len(self.sessions)
         return {
             "model_id": self.model_id,
             "path": str(self.path),
@@ -137,8 +191,12 @@ class Engine:
             "type_v": self.ctx_params["type_v"],
             "prefill_chunk_size": self.chunk,
             "available_seqs": len(self._free_seqs),
+            "pinned_idle_seqs": pinned_idle,
+            "sessions": n_sessions,
             "phase": self.phase,
-            "queue_depth": len(self.pending),
+            "queue_depth": len(self.active),
+            "pending_len": len(self.pending),
+            "grammar_cache": self.grammars.stats(),
             "has_chat_template": m.chat_template is not None,
             "gpu": bool(_native.cuda),
         }
@@ -153,12 +211,28 @@ class Engine:
         self.ctx.close()
         self.model.close()
 
+    def _call(self, fn: Callable[[], Any], interrupt: bool = False) -> Any:
+        """Run fn on the loop thread between ticks; bounded wait (the loop may be wedged)."""
+        fut: Future = Future()
+        with self._cv:
+            if self._stopping:
+                raise EngineStopped(f"model {self.model_id!r} is being unloaded")
+            self._commands.append((fn, fut))
+            if interrupt and self._in_decode:
+                self.ctx.request_abort()
+            self._cv.notify()
+        try:
+            return fut.result(COMMAND_TIMEOUT_S)
+        except TimeoutError:
+            raise TimeoutError(f"model {self.model_id!r}: the loop did not answer within "
+                               f"{COMMAND_TIMEOUT_S:.0f} s") from None
+
     # --- the loop ----------------------------------------------------------------------
     def _run(self) -> None:
         try:
             while True:
                 with self._cv:
-                    while not self._stopping and not self.pending and not self.active:
+                    while not (self._stopping or self.pending or self.active or self._commands):
                         self.phase = "idle"
                         self._cv.wait()
                     if self._stopping:
@@ -173,13 +247,17 @@ class Engine:
         with self._cv:
             victims = list(self.pending) + list(self.active)
             self.pending.clear()
+            commands = list(self._commands)
+            self._commands.clear()
         for req in victims:
-            self._release(req)
+            self._retire(req, keep_kv=False)
             req.fail(reason)
-        self.active.clear()
+        for _, fut in commands:
+            fut.set_exception(EngineStopped(f"model {self.model_id!r} was unloaded"))
         self.phase = "idle"
 
     def _tick(self) -> None:
+        self._run_commands()
         self._admit()
         for req in [r for r in self.active if r.cancel_requested]:
             self._finish(req, "cancelled")
@@ -197,8 +275,7 @@ class Engine:
         with self._cv:
             self._in_decode = {s.request.ref for s in plan.slices}  # type: ignore[attr-defined]
             self.ctx.clear_abort()
-        budget = float(self.cfg.decode_budget_ms)
-        rc = self.ctx.decode(plan.tokens, plan.pos, plan.seq, plan.logits, budget)
+        rc = self.ctx.decode(plan.tokens, plan.pos, plan.seq, plan.logits, float(self.cfg.decode_budget_ms))
         with self._cv:
             self._in_decode = set()
         self.counters["decode_calls"] += 1
@@ -219,30 +296,78 @@ class Engine:
                     req.phase = "generating"
                 self._sample(req, s.logits_row)
 
+    def _run_commands(self) -> None:
+        while True:
+            with self._cv:
+                if not self._commands:
+                    return
+                fn, fut = self._commands.popleft()
+            try:
+                fut.set_result(fn())
+            except Exception as e:
+                fut.set_exception(e)
+
+    # --- admission -----------------------------------------------------------------------
     def _admit(self) -> None:
+        placed: list[Request] = []
         with self._cv:
-            while self.pending and self._free_seqs:
-                req = self.pending.popleft()
+            while self.pending:
+                req = self.pending[0]
                 if req.cancel_requested:
-                    self.requests.pop(req.ref, None)
+                    self.pending.popleft()
+                    self._retire(req, keep_kv=False)
                     req.finish("cancelled")
                     continue
-                req.seq = self._free_seqs.pop(0)
+                sess = req.session
+                had_kv = sess is not None and sess.seq is not None
+                seq = sess.seq if had_kv else self._take_seq()
+                if seq is None:
+                    break  # FIFO: the head waits for a sequence, so does everyone behind it
+                self.pending.popleft()
+                req.seq = seq
+                req.kv_tokens = list(sess.tokens) if had_kv else []
+                if sess is not None:
+                    sess.seq = seq
                 self.active.append(req)
-        for req in self.active:
-            if req.phase == "queued":
-                req.admitted_at = time.perf_counter()
-                try:
-                    req.sampler = _native.Sampler(self.model, _sampler_params(req))
-                except ValueError as e:
-                    self._release(req)
-                    self.active.remove(req)
-                    req.fail(e)
-                    continue
-                self.ctx.seq_rm(req.seq, -1, -1)
-                req.feed = list(req.prompt)
-                req.phase = "prefilling"
+                placed.append(req)
+        for req in placed:
+            self._start(req)
 
+    def _take_seq(self) -> int | None:
+        """A free sequence, else the least recently used idle session's (never an in-flight one)."""
+        if self._free_seqs:
+            return self._free_seqs.pop(0)
+        idle = self.sessions.idle_pinned()
+        if not idle:
+            return None
+        victim = idle[0]
+        seq, victim.seq = victim.seq, None
+        self.ctx.seq_rm(seq, -1, -1)
+        self.counters["sessions_reclaimed"] += 1
+        return seq
+
+    def _start(self, req: Request) -> None:
+        try:
+            req.sampler = _native.Sampler(self.model, _sampler_params(req))
+        except ValueError as e:
+            self._retire(req, keep_kv=False)
+            req.fail(e)
+            return
+        # keep the longest common prefix of what the sequence holds; at least one prompt
+        # token must be decoded again to get logits to sample from
+        reuse = min(common_prefix(req.kv_tokens, req.prompt), len(req.prompt) - 1)
+        self.ctx.seq_rm(req.seq, reuse, -1)
+        req.kv_tokens = []
+        req.n_past = req.reused = reuse
+        req.feed = req.prompt[reuse:]
+        req.hit_kind = "sticky" if reuse > 0 else "cold"
+        req.admitted_at = time.perf_counter()
+        req.phase = "prefilling"
+        self.counters[f"hits_{req.hit_kind}"] += 1
+        self.last_hit = {"ref": req.ref, "kind": req.hit_kind, "reused_tokens": reuse,
+                         "prompt_tokens": len(req.prompt), "session_id": req.opts.session_id}
+
+    # --- per token -----------------------------------------------------------------------
     def _sample(self, req: Request, row: int) -> None:
         token = req.sampler.sample(self.ctx, row)
         now = time.perf_counter()
@@ -261,27 +386,76 @@ class Engine:
         else:
             req.feed = [token]
 
+    # --- the end of a request --------------------------------------------------------------
     def _finish(self, req: Request, reason: str) -> None:
-        self._release(req)
-        if req in self.active:
-            self.active.remove(req)
-        self.requests.pop(req.ref, None)
+        self._retire(req, keep_kv=True)
         req.finish(reason)  # type: ignore[arg-type]
         self.counters[f"finished_{reason}"] += 1
 
-    def _release(self, req: Request) -> None:
+    def _retire(self, req: Request, keep_kv: bool) -> None:
+        """Free what the request holds. A session keeps its sequence and KV when keep_kv."""
         if req.sampler is not None:
             req.sampler.close()
             req.sampler = None
-        if req.seq is not None:
-            self.ctx.seq_rm(req.seq, -1, -1)
-            with self._cv:
+        if req in self.active:
+            self.active.remove(req)
+        with self._cv:
+            self.requests.pop(req.ref, None)
+            sess = req.session
+            owned = sess is not None and self.sessions.get(sess.session_id) is sess and sess.busy_ref == req.ref
+            if owned:
+                sess.busy_ref = None
+                sess.last_used = time.monotonic()
+                if keep_kv and req.seq is not None:
+                    sess.tokens = (req.prompt + req.generated)[: req.n_past]
+                    req.seq = None  # stays pinned to the session
+                    return
+                if req.seq is None:
+                    return  # never admitted: the session's pinned KV is untouched
+                sess.seq = None
+            if req.seq is not None:
+                self.ctx.seq_rm(req.seq, -1, -1)
                 self._free_seqs.append(req.seq)
                 self._free_seqs.sort()
-            req.seq = None
-        self.requests.pop(req.ref, None)
+                req.seq = None
 
-    def _decode_failed(self, rc: int, plan: Any) -> None:
+    # --- sessions (run on the loop thread through _call) ------------------------------------
+    def _end_session(self, session_id: Hashable) -> None:
+        sess = self.sessions.get(session_id)
+        if sess is None:
+            raise NoSession(session_id)
+        if sess.busy_ref is not None:
+            raise SessionBusy(session_id, sess.busy_ref)
+        self.sessions.drop(session_id)
+        self._free_session_seq(sess)
+
+    def _reset_session(self, session_id: Hashable) -> str:
+        sess = self.sessions.drop(session_id)
+        if sess is None:
+            return "not_found"
+        req = self.requests.get(sess.busy_ref) if sess.busy_ref is not None else None
+        if req is not None:
+            with self._cv:
+                if req in self.pending:
+                    self.pending.remove(req)
+            if req.seq == sess.seq:
+                sess.seq = None  # the request's retire frees it
+            self._retire(req, keep_kv=False)
+            req.fail(SessionReset(f"session {session_id!r} was reset"))
+        self._free_session_seq(sess)
+        self.counters["sessions_reset"] += 1
+        return "recovered"
+
+    def _free_session_seq(self, sess: Any) -> None:
+        if sess.seq is not None:
+            self.ctx.seq_rm(sess.seq, -1, -1)
+            with self._cv:
+                self._free_seqs.append(sess.seq)
+                self._free_seqs.sort()
+            sess.seq = None
+
+    # --- decode failures -----------------------------------------------------------------
+    def _decode_failed(self, rc: int, plan: BatchPlan) -> None:
         # roll every sequence in the batch back to where it was: ubatches already
         # processed stay in the KV cache after an abort or a fatal error
         for s in plan.slices:
@@ -293,30 +467,33 @@ class Engine:
             return  # cancelled requests finish next tick; the others redo their rows
         if rc == 2 and reason == "timeout":
             self.counters["decode_timeouts"] += 1
-            err = DecodeTimeout(f"a decode step ran past decode_budget_ms={self.cfg.decode_budget_ms} "
-                                f"and was aborted; the context was recreated")
-            for req in list(self.active):
-                self._release(req)
-                req.fail(err)
-            self.active.clear()
-            self.ctx.close()
-            self.ctx = _native.Context(self.model, self.ctx_params)
-            self._free_seqs = list(range(self.ctx.n_seq_max))
+            self._recreate_context(DecodeTimeout(
+                f"a decode step ran past decode_budget_ms={self.cfg.decode_budget_ms} and was aborted; "
+                "the context was recreated"))
             return
         if rc == 1 and self.active:
             # no KV slot: the sequences together outgrew the shared context; the newest yields
             victim = self.active[-1]
-            self._release(victim)
-            self.active.remove(victim)
+            self._retire(victim, keep_kv=False)
             victim.fail(ContextOverflow(victim.n_past + len(victim.feed), self.ctx.n_ctx,
                                         "the KV cache is full with the other running sequences"))
             return
         err = DecodeFailed(rc)
-        for req in [s.request for s in plan.slices]:
-            self._release(req)  # type: ignore[arg-type]
-            if req in self.active:
-                self.active.remove(req)  # type: ignore[arg-type]
-            req.fail(err)  # type: ignore[attr-defined]
+        for s in plan.slices:
+            req: Request = s.request  # type: ignore[assignment]
+            self._retire(req, keep_kv=False)
+            req.fail(err)
+
+    def _recreate_context(self, err: Exception) -> None:
+        """Fail what runs, rebuild the context (the model stays loaded), back to idle."""
+        for req in list(self.active):
+            self._retire(req, keep_kv=False)
+            req.fail(err)
+        self.ctx.close()
+        self.ctx = _native.Context(self.model, self.ctx_params)
+        with self._cv:
+            self.sessions.unpin_all()
+            self._free_seqs = list(range(self.ctx.n_seq_max))
 
 
 def _sampler_params(req: Request) -> dict[str, Any]:
@@ -329,20 +506,15 @@ def _sampler_params(req: Request) -> dict[str, Any]:
         "repetition_penalty": o.repetition_penalty,
         "repeat_last_n": o.repeat_last_n,
         "seed": req.seed,
-        "grammar": o.grammar,
+        "grammar_proto": req.grammar,
         "ignore_eos": o.ignore_eos,
     }
 
 
 def model_id_for(path: Path, taken: set[str]) -> str:
-    base = path.name
-    for suffix in (".gguf",):
-        if base.endswith(suffix):
-            base = base[: -len(suffix)]
+    base = path.name[:-5] if path.name.endswith(".gguf") else path.name
     base = base.lower() or "model"
     candidate, n = base, 2
     while candidate in taken:
         candidate, n = f"{base}-{n}", n + 1
     return candidate
-
-

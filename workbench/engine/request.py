@@ -48,6 +48,11 @@ class Request:
     first_token_at: float | None = None
     last_token_at: float | None = None
     prefilled: int = 0
+    grammar: Any = None              # native Grammar prototype (from the engine's cache)
+    session: Any = None              # sessions.Session when session_id was given
+    kv_tokens: list[int] = field(default_factory=list)  # live KV the sequence held at admission
+    reused: int = 0                  # prompt tokens not prefilled (found in the KV / cache)
+    hit_kind: str = "cold"
     finished: threading.Event = field(default_factory=threading.Event)
 
     def __post_init__(self) -> None:
@@ -101,6 +106,8 @@ class Request:
             total_s=now - self.submitted_at,
             queued_s=((self.admitted_at or now) - self.submitted_at),
             seed=self.seed,
+            cache_hit_kind=self.hit_kind,
+            cache_delta={"read": self.reused, "created": 0},
         )
 
     def info(self) -> dict[str, Any]:
@@ -110,6 +117,8 @@ class Request:
             "model": self.model_id,
             "phase": self.phase,
             "seq": self.seq,
+            "session_id": self.opts.session_id,
+            "cache_hit_kind": self.hit_kind,
             "prompt_tokens": len(self.prompt),
             "generated_tokens": len(self.generated),
             "age_s": time.perf_counter() - self.submitted_at,
