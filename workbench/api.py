@@ -7,19 +7,26 @@ NotLoaded for an id that is not loaded.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .engine import prefix_cache
 from .engine.engine import Engine, model_id_for
 from .engine.events import CompletionResult
 from .engine.stream import Stream
-from .errors import AlreadyLoaded, EmptyPrompt, InvalidOption, NotLoaded, UnknownRequest
+from .errors import AlreadyLoaded, EmptyPrompt, InvalidOption, NotLoaded, UnknownOption, UnknownRequest
 from .models import fetch_default_model
-from .options import LoadConfig, RequestOptions, build
+from .cache import SaveReason
+from .options import LoadConfig, RequestOptions, build, option_names
+from . import chat as _chat
+from . import embed as _embed
+from .chat import ChatResult, ChatStream, RenderedChat
 
 _lock = threading.Lock()
 _engines: dict[str, Engine] = {}
+# called with the Engine before it stops: free per-model native state that borrows the model
+_on_unload: list[Callable[[Engine], None]] = []
 
 
 def _engine(model: Any) -> Engine:
@@ -65,7 +72,11 @@ def unload(model: str) -> None:
     eng = _engine(model)
     with _lock:
         _engines.pop(eng.model_id, None)
-    eng.stop()
+    try:
+        for hook in list(_on_unload):
+            hook(eng)
+    finally:
+        eng.stop()
 
 
 def list_models() -> list[dict[str, Any]]:
@@ -188,6 +199,44 @@ def sessions(model: str) -> list[dict[str, Any]]:
     return _engine(model).session_info()
 
 
+def prefill_only(model: str, prompt: str | Sequence[int], **opts: Any) -> CompletionResult:
+    """Prefill ``prompt`` and store its KV rows in the prefix cache, without sampling.
+
+    Returns when the rows are stored; ``finish_key`` is the row of exactly the prompt
+    (pass it as ``parent_key`` to resume from it).
+    """
+    if "response_tokens" in opts:
+        raise UnknownOption("response_tokens", [n for n in option_names(RequestOptions) if n != "response_tokens"])
+    eng = _engine(model)
+    ropts = build(RequestOptions, opts, response_tokens=0)
+    req = eng.submit(_prompt_tokens(eng, prompt, ropts), ropts, sync_saves=True)
+    return _collect(Stream(eng, req))
+
+
+def cached_prefix_len(model: str, prompt: str | Sequence[int], cache_scope: str = "default") -> int:
+    """How many leading tokens of ``prompt`` the prefix cache holds for this model (all
+    tiers, nothing loaded, no counters moved)."""
+    eng = _engine(model)
+    if eng.kvcache is None:
+        return 0
+    tokens = _prompt_tokens(eng, prompt, build(RequestOptions, {}))
+    return eng.kvcache.cached_prefix_len(tokens, cache_scope)
+
+
+def evict(model: str) -> int:
+    """Save every idle session's live KV to the prefix cache and free its sequence.
+
+    Returns the rows saved. Used under memory pressure: the sessions' next turns restore
+    from the cache instead of starting cold.
+    """
+    return _engine(model).evict(SaveReason.EVICT)
+
+
+def shutdown(model: str) -> int:
+    """As :func:`evict`, with save reason ``shutdown`` (call before the process stops)."""
+    return _engine(model).evict(SaveReason.SHUTDOWN)
+
+
 def cancel(ref: Stream | int) -> None:
     """Cancel a request by its Stream or ref. Idempotent; a finished request is left as is."""
     if isinstance(ref, Stream):
@@ -254,4 +303,63 @@ def counters() -> dict[str, int]:
         g = e.grammars.stats()
         total["grammar_cache_hits"] = total.get("grammar_cache_hits", 0) + g["hits"]
         total["grammar_cache_misses"] = total.get("grammar_cache_misses", 0) + g["misses"]
+    for k, v in prefix_cache.shared_cache().counters().items():
+        total[f"cache_{k}"] = v
     return total
+
+
+# --- chat ---------------------------------------------------------------------------------
+
+def render_chat_template(model: str, messages: Sequence[Mapping[str, Any]],
+                         tools: Sequence[Mapping[str, Any]] | None = None, **opts: Any) -> RenderedChat:
+    """Render OpenAI-shaped ``messages`` (+ ``tools``) with the model's chat template.
+
+    Returns the prompt, its tokens (specials parsed, as llama.cpp's server does) and what a
+    chat turn takes from the template: tool grammar, extra stop strings, thinking tags.
+    Options: see ChatOptions (tool_choice, add_generation_prompt, thinking, ...).
+    """
+    eng = _engine(model)
+    copts, ropts = _chat.split_options(opts)
+    rq = build(RequestOptions, ropts)
+    tmpls = _chat.templates_for(eng, copts.chat_template)
+    return _chat.render(eng.model, tmpls, messages, tools, copts, rq.add_special, rq.parse_special)
+
+
+def chat_stream(model: str, messages: Sequence[Mapping[str, Any]],
+                tools: Sequence[Mapping[str, Any]] | None = None, tool_choice: Any = None,
+                **opts: Any) -> ChatStream:
+    """One chat turn as a stream: the events of stream() (Thinking / ThinkingEnd split out
+    when thinking='enabled'), ending with a ChatDone (a Done) carrying the parsed message."""
+    eng = _engine(model)
+    p = _chat.plan(eng, messages, tools, tool_choice, opts)
+    return ChatStream(stream(model, p.rendered.tokens, **p.request_opts), p)
+
+
+def chat(model: str, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None,
+         tool_choice: Any = None, **opts: Any) -> ChatResult:
+    """One chat turn: render, generate, parse. Returns the assistant message
+    (content, reasoning_content, tool_calls [{id, name, arguments}]) with the completion's
+    tokens, finish reason and stats. Ctrl-C cancels the request before re-raising."""
+    return chat_stream(model, messages, tools, tool_choice, **opts).result()
+
+
+# --- embeddings -----------------------------------------------------------------------------
+
+def embed(model: str, text_or_tokens: str | Sequence[int], pooling: str = "mean",
+          normalize: bool = True) -> list[float] | list[list[float]]:
+    """The embedding of one text (or token list): n_embd floats, L2-normalised by default.
+
+    pooling: 'mean', 'cls', 'last', or 'none' (then one vector per token).
+    """
+    return _embed.embed_inputs(_engine(model), [text_or_tokens], pooling, normalize)[0]
+
+
+def embed_batch(model: str, inputs: Sequence[str | Sequence[int]], pooling: str = "mean",
+                normalize: bool = True) -> list[Any]:
+    """Embeddings of several inputs in one native call (several sequences per decode)."""
+    if isinstance(inputs, (str, bytes)) or not isinstance(inputs, Sequence):
+        raise InvalidOption("inputs", inputs, "a list of strings or token lists")
+    return _embed.embed_inputs(_engine(model), list(inputs), pooling, normalize)
+
+
+_on_unload.extend([_chat.forget, _embed.forget])

@@ -85,6 +85,12 @@ def _session_id(key: str, v: Any, where: str) -> Any:
     raise InvalidOption(key, v, "a string, an int or None", where)
 
 
+def _scope(key: str, v: Any, where: str) -> Any:
+    if not isinstance(v, str) or not v:
+        raise InvalidOption(key, v, "a non-empty string", where)
+    return v
+
+
 def _json_schema(key: str, v: Any, where: str) -> Any:
     """A JSON schema as a dict (or JSON text); kept as canonical JSON text."""
     import json
@@ -109,6 +115,54 @@ def _str_list(key: str, v: Any, where: str) -> Any:
     if not isinstance(v, (list, tuple)) or not all(isinstance(s, str) and s for s in v):
         raise InvalidOption(key, v, "a list of non-empty strings", where)
     return tuple(v)
+
+
+def _thinking_markers(key: str, v: Any, where: str) -> Any:
+    """{'start': str, 'end': str}; both non-empty. Kept as a plain dict copy."""
+    if v is None:
+        return None
+    expected = "a dict {'start': str, 'end': str} of non-empty strings, or None"
+    if not isinstance(v, Mapping) or set(v) != {"start", "end"}:
+        raise InvalidOption(key, v, expected, where)
+    if not all(isinstance(v[k], str) and v[k] for k in ("start", "end")):
+        raise InvalidOption(key, v, expected, where)
+    return {"start": v["start"], "end": v["end"]}
+
+
+def _signing_key(key: str, v: Any, where: str) -> Any:
+    if v is None:
+        return None
+    if isinstance(v, str):
+        v = v.encode("utf-8")
+    if not isinstance(v, (bytes, bytearray)) or not v:
+        raise InvalidOption(key, "<hidden>", "non-empty bytes or str, or None", where)
+    return bytes(v)
+
+
+def _tool_choice(key: str, v: Any, where: str) -> Any:
+    """'auto' | 'none' | 'required' | {'type': 'function', 'function': {'name': str}}."""
+    if v is None or v in ("auto", "none", "required"):
+        return v
+    if isinstance(v, Mapping) and v.get("type") == "function" and isinstance(v.get("function"), Mapping):
+        name = v["function"].get("name")
+        if isinstance(name, str) and name:
+            return {"type": "function", "function": {"name": name}}
+    raise InvalidOption(key, v, "'auto', 'none', 'required' or {'type': 'function', 'function': {'name': ...}}",
+                        where)
+
+
+def _json_object(key: str, v: Any, where: str) -> Any:
+    import json
+
+    if v is None:
+        return None
+    if not isinstance(v, Mapping) or not all(isinstance(k, str) for k in v):
+        raise InvalidOption(key, v, "a dict with string keys", where)
+    try:
+        json.dumps(dict(v))
+    except (TypeError, ValueError) as e:
+        raise InvalidOption(key, v, f"JSON-serialisable values ({e})", where) from None
+    return dict(v)
 
 
 def _rng(what: str, lo: Any, hi: Any) -> str:
@@ -166,7 +220,19 @@ class LoadConfig:
     max_queue: int = opt(64, _int(0), "requests waiting for a sequence before QueueFull")
     prefill_chunk_size: int | None = opt(-1, _int(-1, none_ok=True),
                                          "one prompt's share of a tick; -1 = max(64, n_batch/4), None = off")
+    cache: bool = opt(True, _bool, "use the shared KV prefix cache (restore at admission, save rows)")
+    cache_min_tokens: int = opt(16, _int(1), "shortest prefix worth a row")
+    cold_checkpoint_interval: int | None = opt(2048, _int(64, none_ok=True),
+                                               "checkpoint a long cold prefill every N tokens; None = off")
+    evict_save_timeout_ms: int = opt(30000, _int(0), "bound on evict()/shutdown() saves")
 
+    thinking_markers: dict[str, str] | None = opt(None, _thinking_markers,
+                                                  "{'start', 'end'} of reasoning blocks; None = the template's")
+    thinking_signing_key: bytes | None = field(default=None, repr=False, metadata={
+        "check": _signing_key, "doc": "HMAC-SHA256 key signing thinking blocks; None = unsigned ('')"})
+    embed_n_ctx: int | None = opt(None, _int(8, none_ok=True),
+                                  "tokens one embedding decode holds; None = min(n_ctx_train, 2048)")
+    embed_n_seq_max: int = opt(16, _int(1, 256), "sequences packed into one embedding decode")
 
 @dataclass(slots=True, frozen=True)
 class RequestOptions:
@@ -186,5 +252,26 @@ class RequestOptions:
     ignore_eos: bool = opt(False, _bool, "never sample end-of-generation tokens (benchmarks)")
     session_id: str | int | None = opt(None, _session_id, "pin a sequence to this conversation")
     on_full: str = opt("block", _choice("block", "error"), "no free sequence: queue, or raise SeqCapacity")
+    cache: bool = opt(True, _bool, "look up and save KV prefix cache rows for this request")
+    cache_scope: str = opt("default", _scope, "tenant: rows are never shared across scopes")
+    parent_key: str | None = opt(None, _str(), "resume from this row (a previous finish_key)")
+    prefix_checkpoint_len: int | None = opt(None, _int(1, none_ok=True),
+                                            "save a pinned agent_prefix row at exactly this many tokens")
     add_special: bool = opt(True, _bool, "text prompts: add BOS as the vocab says")
     parse_special: bool = opt(True, _bool, "text prompts: parse special tokens in the text")
+
+
+@dataclass(slots=True, frozen=True)
+class ChatOptions:
+    """Per-call options of chat / chat_stream / render_chat_template (beside RequestOptions)."""
+
+    tool_choice: str | dict[str, Any] | None = opt(None, _tool_choice,
+                                                    "'auto' (None), 'none', 'required' or one named function")
+    parallel_tool_calls: bool = opt(False, _bool, "let the template's grammar allow several calls")
+    add_generation_prompt: bool = opt(True, _bool, "end the prompt with the assistant turn's header")
+    chat_template_kwargs: dict[str, Any] | None = opt(None, _json_object, "extra variables for the template")
+    chat_template: str | None = opt(None, _str(), "a jinja template to use instead of the model's")
+    thinking: str = opt("disabled", _choice("enabled", "disabled"),
+                        "enabled: ask the template to think and stream Thinking events")
+    thinking_budget_tokens: int | None = opt(None, _int(0, none_ok=True),
+                                             "close the thinking block after this many tokens")

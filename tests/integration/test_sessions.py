@@ -25,9 +25,9 @@ def test_second_turn_is_sticky_and_equals_the_cold_reply(fresh_model):
     r2 = wb.complete(m, turn2, session_id="chat")
     assert r2.stats.cache_hit_kind == "sticky"
     assert r2.stats.prefilled_tokens < r2.stats.prompt_tokens / 2
-    assert r2.stats.cache_delta["read"] == r2.stats.prompt_tokens - r2.stats.prefilled_tokens
+    assert r2.stats.cache_delta["read"] == 0          # the live KV, no cache row was read
     assert wb.last_cache_hit(m)["kind"] == "sticky"
-    cold = wb.complete(m, turn2)                    # same prompt, no session: full prefill
+    cold = wb.complete(m, turn2, cache=False)         # same prompt, no session, no cache: full prefill
     assert cold.stats.cache_hit_kind == "cold" and cold.tokens == r2.tokens
     wb.end_session(m, "chat")
     with pytest.raises(NoSession):
@@ -66,7 +66,8 @@ def test_session_busy_and_reset_while_busy(fresh_model):
     assert wb.reset_session(m, "s") == "not_found"
     assert wb.model_info(m)["available_seqs"] == 2
     r = wb.complete(m, TURN1, session_id="s")
-    assert r.stats.cache_hit_kind == "cold" and r.finish_reason == "stop"
+    # a new session: no live KV left from the reset one (the prefix cache may still serve it)
+    assert r.stats.cache_hit_kind != "sticky" and r.finish_reason == "stop"
 
 
 @pytest.mark.load(n_seq_max=2)
@@ -85,4 +86,5 @@ def test_idle_pins_are_reclaimed_least_recently_used(fresh_model):
     # "b" is still warm; "a" comes back cold but still knows its transcript
     turn = next_turn(TURN1, rb.reply, "Why?")
     assert wb.complete(m, turn, session_id="b", response_tokens=4).stats.cache_hit_kind == "sticky"
-    assert wb.complete(m, turn, session_id="a", response_tokens=4).stats.cache_hit_kind == "cold"
+    back = wb.complete(m, turn, session_id="a", response_tokens=4)
+    assert back.stats.cache_hit_kind != "sticky"    # no live KV (the prefix cache may serve it)

@@ -217,6 +217,21 @@ class TieredCache:
         self._counters.inc("lookup_ns", time.perf_counter_ns() - start)
         return match
 
+    def match_key(self, namespace: CacheNamespace | bytes, tokens: Tokens, key: str) -> Match | None:
+        """The row `key` if it exists in `namespace` and its tokens are a prefix of `tokens`
+        (a resume from a known key, e.g. a previous turn's finish key: no walk, tokens
+        still compared). Counts nothing."""
+        raw = keys.token_bytes(tokens)
+        ns = _digest(namespace)
+        with self._lock:
+            entry = self._catalog.get(key)
+            if entry is None or entry.namespace != ns:
+                return None
+            row = self._catalog.index.token_bytes(key)
+            if not raw.startswith(row):
+                return None
+            return Match(key, len(row) // 4, self._stack.top_name(key))
+
     def cached_prefix_len(self, namespace: CacheNamespace | bytes, tokens: Tokens) -> int:
         """Length of the longest cached prefix; a probe, so no counters move."""
         raw = keys.token_bytes(tokens)

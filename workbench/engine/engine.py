@@ -20,11 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from .. import _native
-from ..errors import (ContextOverflow, DecodeFailed, DecodeTimeout, EngineStopped, LoadError, NoSession,
+from ..errors import (ContextOverflow, DecodeFailed, DecodeTimeout, EngineStopped, InvalidOption, LoadError, NoSession,
                       QueueFull, SeqCapacity, SessionBusy, SessionReset, TranscriptMismatch)
 from ..models import check_model_file, fingerprint
 from ..options import LoadConfig, RequestOptions, default_threads
+from ..cache import SaveReason
 from .grammars import GrammarCache
+from .prefix_cache import EngineCache
 from .request import Request, next_ref
 from .scheduler import BatchPlan, plan_batch
 from .sessions import SessionTable, common_prefix
@@ -32,8 +34,9 @@ from .sessions import SessionTable, common_prefix
 DEFAULT_N_CTX = 8192
 COMMAND_TIMEOUT_S = 5.0
 COUNTER_NAMES = ("decode_calls", "decoded_tokens", "decode_aborted", "decode_timeouts", "finished_stop",
-                 "finished_length", "finished_cancelled", "hits_cold", "hits_sticky", "sessions_reclaimed",
-                 "sessions_reset")
+                 "finished_length", "finished_cancelled", "hits_cold", "hits_sticky", "hits_partial",
+                 "hits_exact", "sessions_reclaimed", "sessions_reset", "cache_restore_failed",
+                 "cache_saves_dropped", "cache_evicted_sessions")
 
 
 class Engine:
@@ -48,6 +51,7 @@ class Engine:
         self.ctx = _native.Context(native_model, ctx_params)
         self.fingerprint = fingerprint(path)
         self.loaded_at = time.time()
+        self.counters: collections.Counter[str] = collections.Counter(dict.fromkeys(COUNTER_NAMES, 0))
         n_batch = self.ctx.n_batch
         if cfg.prefill_chunk_size is None:
             self.chunk: int | None = None
@@ -56,6 +60,8 @@ class Engine:
         else:
             self.chunk = cfg.prefill_chunk_size
         self.grammars = GrammarCache(native_model)
+        self.kvcache = EngineCache(self.fingerprint, native_model.desc, ctx_params, self.counters) \
+            if cfg.cache else None
         self.sessions = SessionTable()
         # state shared with other threads: written by the loop, read anywhere
         self.phase = "idle"
@@ -63,7 +69,6 @@ class Engine:
         self.pending: collections.deque[Request] = collections.deque()
         self.active: list[Request] = []
         self.requests: dict[int, Request] = {}
-        self.counters: collections.Counter[str] = collections.Counter(dict.fromkeys(COUNTER_NAMES, 0))
         self._free_seqs = list(range(self.ctx.n_seq_max))
         self._commands: collections.deque[tuple[Callable[[], Any], Future]] = collections.deque()
         self._cv = threading.Condition()
@@ -102,7 +107,7 @@ class Engine:
 
     # --- public, any thread --------------------------------------------------------------
     def submit(self, prompt: list[int], opts: RequestOptions, *, continue_session: bool = False,
-               expect_committed: list[int] | None = None) -> Request:
+               expect_committed: list[int] | None = None, sync_saves: bool = False) -> Request:
         """Queue a request; admission errors (capacity, sessions, grammar) raise here."""
         grammar = self.grammars.for_request(opts.grammar, opts.json_schema)
         seed = opts.seed if opts.seed is not None else random.randrange(2**32 - 1)
@@ -122,6 +127,9 @@ class Engine:
                 prompt = sess.tokens + list(prompt)
             if len(prompt) >= self.ctx.n_ctx:
                 raise ContextOverflow(len(prompt), self.ctx.n_ctx, "leave room for at least one generated token")
+            if opts.prefix_checkpoint_len is not None and opts.prefix_checkpoint_len > len(prompt):
+                raise InvalidOption("prefix_checkpoint_len", opts.prefix_checkpoint_len,
+                                    f"at most the prompt length ({len(prompt)})")
             if sess is None or sess.seq is None:
                 placeable = len(self._free_seqs) + len(self.sessions.idle_pinned()) - len(self.pending)
                 if opts.on_full == "error" and placeable <= 0:
@@ -130,6 +138,7 @@ class Engine:
                     raise QueueFull(self.model_id, self.cfg.max_queue)
             req = Request(ref=next_ref(), model_id=self.model_id, prompt=list(prompt), opts=opts, seed=seed)
             req.grammar = grammar
+            req.sync_saves = sync_saves
             if sid is not None:
                 req.session = self.sessions.get_or_create(sid)
                 req.session.busy_ref = req.ref
@@ -154,6 +163,13 @@ class Engine:
     def reset_session(self, session_id: Hashable) -> str:
         """Force-drop a session (its in-flight request ends with SessionReset)."""
         return self._call(lambda: self._reset_session(session_id), interrupt=True)
+
+    def evict(self, reason: SaveReason = SaveReason.EVICT) -> int:
+        """Save every idle session's live KV to the prefix cache and release its sequence
+        (the session keeps its transcript; its next turn restores from the cache). Bounded
+        by evict_save_timeout_ms; returns the rows saved."""
+        return self._call(lambda: self._evict_sessions(reason), interrupt=False,
+                          timeout=self.cfg.evict_save_timeout_ms / 1000 + COMMAND_TIMEOUT_S)
 
     def session_info(self) -> list[dict[str, Any]]:
         with self._cv:
@@ -211,7 +227,7 @@ class Engine:
         self.ctx.close()
         self.model.close()
 
-    def _call(self, fn: Callable[[], Any], interrupt: bool = False) -> Any:
+    def _call(self, fn: Callable[[], Any], interrupt: bool = False, timeout: float = COMMAND_TIMEOUT_S) -> Any:
         """Run fn on the loop thread between ticks; bounded wait (the loop may be wedged)."""
         fut: Future = Future()
         with self._cv:
@@ -222,10 +238,10 @@ class Engine:
                 self.ctx.request_abort()
             self._cv.notify()
         try:
-            return fut.result(COMMAND_TIMEOUT_S)
+            return fut.result(timeout)
         except TimeoutError:
             raise TimeoutError(f"model {self.model_id!r}: the loop did not answer within "
-                               f"{COMMAND_TIMEOUT_S:.0f} s") from None
+                               f"{timeout:.0f} s") from None
 
     # --- the loop ----------------------------------------------------------------------
     def _run(self) -> None:
@@ -290,11 +306,20 @@ class Engine:
             del req.feed[: s.take]
             if req.phase == "prefilling":
                 req.prefilled += s.take
+                while req.boundaries and req.boundaries[0][0] <= req.n_past:
+                    pos, reason = req.boundaries.pop(0)
+                    if pos == req.n_past:
+                        key = self._save(req, req.prompt[:pos], reason)
+                        if pos == len(req.prompt):
+                            req.prompt_key = key
             if s.logits_row is not None:
                 if req.phase == "prefilling":
                     req.prefill_done_at = now
                     req.phase = "generating"
-                self._sample(req, s.logits_row)
+                if req.opts.response_tokens == 0:
+                    self._finish(req, "length")     # prefill only: nothing to sample
+                else:
+                    self._sample(req, s.logits_row)
 
     def _run_commands(self) -> None:
         while True:
@@ -356,16 +381,59 @@ class Engine:
         # keep the longest common prefix of what the sequence holds; at least one prompt
         # token must be decoded again to get logits to sample from
         reuse = min(common_prefix(req.kv_tokens, req.prompt), len(req.prompt) - 1)
+        req.hit_kind = "sticky" if reuse > 0 else "cold"
+        use_cache = self.kvcache is not None and req.opts.cache
+        if reuse == 0 and use_cache:
+            restored = self.kvcache.restore(self.ctx, req.seq, req.prompt, req.opts.cache_scope,
+                                            req.opts.parent_key)
+            if restored is not None:
+                reuse = min(restored.n_tokens, len(req.prompt) - 1)
+                req.hit_kind, req.rows_read = restored.kind, 1
+                if restored.n_tokens == len(req.prompt):
+                    req.prompt_key = restored.key
         self.ctx.seq_rm(req.seq, reuse, -1)
         req.kv_tokens = []
         req.n_past = req.reused = reuse
         req.feed = req.prompt[reuse:]
-        req.hit_kind = "sticky" if reuse > 0 else "cold"
+        if use_cache:
+            req.boundaries = self._save_points(req)
         req.admitted_at = time.perf_counter()
         req.phase = "prefilling"
         self.counters[f"hits_{req.hit_kind}"] += 1
         self.last_hit = {"ref": req.ref, "kind": req.hit_kind, "reused_tokens": reuse,
                          "prompt_tokens": len(req.prompt), "session_id": req.opts.session_id}
+
+    def _save_points(self, req: Request) -> list[tuple[int, SaveReason]]:
+        """Where this request's prefill stops to save a row: the agent prefix, cold
+        checkpoints of a long prompt, and the end of the prompt."""
+        n, start = len(req.prompt), req.n_past
+        base = SaveReason.COLD if req.hit_kind == "cold" else SaveReason.CONTINUED
+        points: dict[int, SaveReason] = {}
+        every = self.cfg.cold_checkpoint_interval
+        if every:
+            for pos in range(every, n, every):
+                if pos > start:
+                    points[pos] = base
+        if n >= self.cfg.cache_min_tokens and req.prompt_key is None:
+            points[n] = base
+        agent = req.opts.prefix_checkpoint_len
+        if agent is not None and agent > start:
+            points[agent] = SaveReason.AGENT_PREFIX
+        elif agent is not None:
+            # already in the KV (restored or sticky): pin the row of exactly that prefix
+            key = self.kvcache.key_for(req.prompt[:agent], req.opts.cache_scope)  # type: ignore[union-attr]
+            if key in self.kvcache.cache:  # type: ignore[union-attr]
+                self.kvcache.cache.pin(key)  # type: ignore[union-attr]
+        return sorted(points.items())
+
+    def _save(self, req: Request, tokens: list[int], reason: SaveReason) -> str | None:
+        assert self.kvcache is not None and req.seq is not None
+        key = self.kvcache.save(self.ctx, req.seq, tokens, req.opts.cache_scope, reason, sync=req.sync_saves)
+        if key is None:
+            self.counters["cache_saves_dropped"] += 1
+        else:
+            req.rows_created += 1
+        return key
 
     # --- per token -----------------------------------------------------------------------
     def _sample(self, req: Request, row: int) -> None:
@@ -388,6 +456,10 @@ class Engine:
 
     # --- the end of a request --------------------------------------------------------------
     def _finish(self, req: Request, reason: str) -> None:
+        req.finish_key = req.prompt_key
+        if (reason != "cancelled" and self.kvcache is not None and req.opts.cache and req.seq is not None
+                and req.n_past > len(req.prompt)):
+            req.finish_key = self._save(req, (req.prompt + req.generated)[: req.n_past], SaveReason.FINISH)
         self._retire(req, keep_kv=True)
         req.finish(reason)  # type: ignore[arg-type]
         self.counters[f"finished_{reason}"] += 1
@@ -408,6 +480,7 @@ class Engine:
                 sess.last_used = time.monotonic()
                 if keep_kv and req.seq is not None:
                     sess.tokens = (req.prompt + req.generated)[: req.n_past]
+                    sess.scope = req.opts.cache_scope
                     req.seq = None  # stays pinned to the session
                     return
                 if req.seq is None:
@@ -445,6 +518,19 @@ class Engine:
         self._free_session_seq(sess)
         self.counters["sessions_reset"] += 1
         return "recovered"
+
+    def _evict_sessions(self, reason: SaveReason) -> int:
+        deadline = time.monotonic() + self.cfg.evict_save_timeout_ms / 1000
+        saved = 0
+        with self._cv:
+            idle = self.sessions.idle_pinned()
+        for sess in idle:
+            if self.kvcache is not None and sess.tokens and time.monotonic() < deadline:
+                if self.kvcache.save(self.ctx, sess.seq, sess.tokens, sess.scope, reason, sync=True):
+                    saved += 1
+            self._free_session_seq(sess)
+            self.counters["cache_evicted_sessions"] += 1
+        return saved
 
     def _free_session_seq(self, sess: Any) -> None:
         if sess.seq is not None:

@@ -15,7 +15,12 @@ FinishReason = Literal["stop", "length", "cancelled"]
 
 @dataclass(slots=True, frozen=True)
 class Stats:
-    """Numbers of one finished request; times in seconds, rates in tokens/s."""
+    """Numbers of one finished request; times in seconds, rates in tokens/s.
+
+    ``cache_hit_kind``: cold (nothing reused), sticky (a session's live KV), partial (a
+    cached row covering part of the prompt), exact (a row covering the whole prompt, or a
+    ``parent_key`` resume). ``cache_delta``: rows read from / written to the prefix cache.
+    """
 
     prompt_tokens: int
     generated_tokens: int
@@ -56,6 +61,7 @@ class Done:
     finish_reason: FinishReason
     stop_sequence: str | None
     stats: Stats
+    finish_key: str | None = None
 
 
 @dataclass(slots=True, frozen=True)
@@ -65,7 +71,25 @@ class Error:
     reason: BaseException
 
 
-Event = Union[Token, TokenId, Done, Error]
+@dataclass(slots=True, frozen=True)
+class Thinking:
+    """A piece of a reasoning block's text (chat_stream with thinking='enabled')."""
+
+    text: str
+
+
+@dataclass(slots=True, frozen=True)
+class ThinkingEnd:
+    """The reasoning block closed (its end marker, the budget, or the end of the reply).
+
+    ``signature``: HMAC-SHA256 hex of the block's UTF-8 text under the model's
+    ``thinking_signing_key``; '' when no key is set.
+    """
+
+    signature: str
+
+
+Event = Union[Token, TokenId, Thinking, ThinkingEnd, Done, Error]
 
 
 @dataclass(slots=True, frozen=True)
@@ -80,11 +104,12 @@ class CompletionResult:
     stats: Stats
     model: str
     ref: int
+    finish_key: str | None = None
 
     @classmethod
     def from_done(cls, done: Done, model: str, ref: int) -> "CompletionResult":
         return cls(done.reply, done.tokens, done.context_tokens, done.finish_reason,
-                   done.stop_sequence, done.stats, model, ref)
+                   done.stop_sequence, done.stats, model, ref, done.finish_key)
 
     def _repr_pretty_(self, p: Any, cycle: bool) -> None:
         s = self.stats

@@ -53,6 +53,12 @@ class Request:
     kv_tokens: list[int] = field(default_factory=list)  # live KV the sequence held at admission
     reused: int = 0                  # prompt tokens not prefilled (found in the KV / cache)
     hit_kind: str = "cold"
+    boundaries: list[tuple[int, Any]] = field(default_factory=list)  # (position, SaveReason) ahead
+    rows_read: int = 0
+    rows_created: int = 0
+    prompt_key: str | None = None    # row of exactly the prompt, when cached
+    finish_key: str | None = None
+    sync_saves: bool = False         # prefill_only: rows are stored before the request ends
     finished: threading.Event = field(default_factory=threading.Event)
 
     def __post_init__(self) -> None:
@@ -78,6 +84,7 @@ class Request:
             finish_reason=reason,
             stop_sequence=self.text.stop_hit,
             stats=self.stats(),
+            finish_key=self.finish_key,
         )
         self.phase = "done"
         self.events.put(done)
@@ -107,8 +114,13 @@ class Request:
             queued_s=((self.admitted_at or now) - self.submitted_at),
             seed=self.seed,
             cache_hit_kind=self.hit_kind,
-            cache_delta={"read": self.reused, "created": 0},
+            cache_delta={"read": self.rows_read, "created": self.rows_created},
         )
+
+    @property
+    def boundary(self) -> int | None:
+        """The next position the prefill must stop at (a cache save point)."""
+        return self.boundaries[0][0] if self.boundaries else None
 
     def info(self) -> dict[str, Any]:
         """A snapshot for request_info(); safe from any thread."""

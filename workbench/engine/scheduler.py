@@ -2,8 +2,9 @@
 
 Decode rows go first so every generating sequence advances each tick; prefill chunks fill
 what is left of ``n_batch``, each prompt capped at ``chunk`` tokens per tick so a long
-prompt cannot starve the decoders (chunked prefill). Pure function of its inputs: the
-loop applies the plan, tests check it without a model.
+prompt cannot starve the decoders (chunked prefill). A chunk also ends exactly at the
+request's next cache save point (``boundary``), so the KV there can be saved. Pure
+function of its inputs: the loop applies the plan, tests check it without a model.
 """
 
 from __future__ import annotations
@@ -66,5 +67,8 @@ def plan_batch(active: Sequence[Schedulable], n_batch: int, chunk: int | None) -
         if room <= 0:
             break
         take = min(len(req.feed), room, chunk if chunk else len(req.feed))
+        boundary = getattr(req, "boundary", None)
+        if boundary is not None and req.n_past < boundary < req.n_past + take:
+            take = boundary - req.n_past     # stop exactly at a save point
         plan.add(req, take)
     return plan

@@ -20,6 +20,7 @@ class Session:
     tokens: list[int] = field(default_factory=list)
     busy_ref: int | None = None
     last_used: float = field(default_factory=time.monotonic)
+    scope: str = "default"           # cache scope of its last request (for evict saves)
 
     def info(self) -> dict[str, object]:
         return {"session_id": self.session_id, "seq": self.seq, "tokens": len(self.tokens),

@@ -1,0 +1,158 @@
+"""The engine's side of the KV prefix cache: namespaces, restores at admission, saves.
+
+One process-wide :class:`~workbench.cache.TieredCache` serves every loaded model; a row's
+key folds in the model fingerprint, the KV-layout context parameters and the caller's
+``cache_scope``, so rows are only ever reused where the KV would be identical. The loop
+thread calls :meth:`EngineCache.restore` and :meth:`EngineCache.save`; both move KV state
+through llama.cpp's own per-sequence serialisation (``state_seq_get`` / ``state_seq_set``).
+Saves copy the state on the loop thread (a native call, GIL released) and hand the bytes to
+the cache's bounded writer pool; a full pool drops the save (``saves_dropped``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..cache import CacheNamespace, DiskTier, RamTier, SaveReason, ShmTier, Tier, TieredCache, row_key
+from ..errors import InvalidOption
+
+DEFAULT_RAM_BUDGET = 1 << 30
+_lock = threading.Lock()
+_cache: TieredCache | None = None
+
+
+# --- the process-wide cache ----------------------------------------------------------------
+
+def shared_cache() -> TieredCache:
+    """The cache every model uses; created on first use with one RAM tier (1 GiB)."""
+    global _cache
+    with _lock:
+        if _cache is None:
+            _cache = TieredCache([RamTier("ram", DEFAULT_RAM_BUDGET)])
+        return _cache
+
+
+def configure(tiers: Sequence[Mapping[str, Any]], policy: Any = "frecency") -> TieredCache:
+    """Replace the shared cache with one built from tier specs (fastest first); persistent
+    tiers are scanned, so rows saved before a restart are adopted (and bad files removed)."""
+    global _cache
+    built = [make_tier(spec) for spec in tiers]
+    cache = TieredCache([(t, spec.get("policy")) for t, spec in zip(built, tiers)], policy=policy)
+    cache.scan()
+    with _lock:
+        old, _cache = _cache, cache
+    if old is not None:
+        old.close()
+    return cache
+
+
+TIER_KINDS = {"ram": RamTier, "shm": ShmTier, "disk": DiskTier}
+TIER_KEYS = ("kind", "name", "root", "budget_bytes", "policy")
+
+
+def make_tier(spec: Mapping[str, Any]) -> Tier:
+    """A tier from ``{'kind': 'ram'|'shm'|'disk', 'name', 'root', 'budget_bytes', 'policy'}``."""
+    if not isinstance(spec, Mapping):
+        raise InvalidOption("tier", spec, "a dict with at least 'kind'", "tier")
+    for key in spec:
+        if key not in TIER_KEYS:
+            raise InvalidOption(str(key), spec[key], "one of the tier keys " + ", ".join(TIER_KEYS), "tier")
+    kind = spec.get("kind")
+    if kind not in TIER_KINDS:
+        raise InvalidOption("kind", kind, "'ram', 'shm' or 'disk'", "tier")
+    budget = spec.get("budget_bytes", DEFAULT_RAM_BUDGET if kind == "ram" else None)
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 0):
+        raise InvalidOption("budget_bytes", budget, "a non-negative int or None (unbounded)", "tier")
+    name = spec.get("name") or kind
+    if kind == "ram":
+        if spec.get("root") is not None:
+            raise InvalidOption("root", spec["root"], "no root for a ram tier", "tier")
+        return RamTier(name, budget)
+    return TIER_KINDS[kind](name, spec.get("root"), budget)
+
+
+# --- one engine's view ---------------------------------------------------------------------
+
+@dataclass(slots=True, frozen=True)
+class Restored:
+    n_tokens: int
+    kind: str           # exact | partial
+    key: str
+    tier: str | None
+
+
+class EngineCache:
+    """Restores and saves for one loaded model (its fingerprint and KV layout)."""
+
+    def __init__(self, fingerprint: str, quantisation: str, ctx_params: Mapping[str, Any],
+                 counters: Any) -> None:
+        self.fingerprint = fingerprint
+        self.quantisation = quantisation
+        self.kv_params = tuple(sorted((k, ctx_params[k]) for k in ("type_k", "type_v", "flash_attn")))
+        self.counters = counters
+        self._namespaces: dict[str, CacheNamespace] = {}
+
+    @property
+    def cache(self) -> TieredCache:
+        return shared_cache()
+
+    def namespace(self, scope: str) -> CacheNamespace:
+        ns = self._namespaces.get(scope)
+        if ns is None:
+            ns = self._namespaces[scope] = CacheNamespace(
+                self.fingerprint, quantisation=self.quantisation, kv_params=self.kv_params, scope=scope)
+        return ns
+
+    def restore(self, ctx: Any, seq: int, prompt: list[int], scope: str, parent_key: str | None) -> Restored | None:
+        """Load the longest cached prefix of ``prompt`` into ``seq``; None when nothing usable."""
+        cache = self.cache
+        ns = self.namespace(scope)
+        match, kind = None, "partial"
+        if parent_key is not None:
+            match, kind = cache.match_key(ns, prompt, parent_key), "exact"
+        if match is None:
+            match = cache.lookup(ns, prompt)
+            kind = "exact" if match is not None and match.n_tokens == len(prompt) else "partial"
+        if match is None:
+            return None
+        payload = cache.get(match.key)
+        if payload is None:
+            return None
+        ctx.seq_rm(seq, -1, -1)
+        start = time.perf_counter_ns()
+        nread = ctx.state_seq_set(seq, payload)
+        cache.record_ns("unpack_ns", time.perf_counter_ns() - start)
+        if nread != len(payload) or ctx.seq_pos_max(seq) != match.n_tokens - 1:
+            # llama.cpp refused it (e.g. more cells than this context holds): start cold
+            ctx.seq_rm(seq, -1, -1)
+            self.counters["cache_restore_failed"] += 1
+            return None
+        return Restored(match.n_tokens, kind, match.key, match.tier)
+
+    def key_for(self, tokens: Sequence[int], scope: str) -> str:
+        return row_key(self.namespace(scope).digest(), tokens)
+
+    def save(self, ctx: Any, seq: int, tokens: list[int], scope: str, reason: SaveReason, *,
+             sync: bool = False) -> str | None:
+        """Save the KV of ``seq`` (which holds exactly ``tokens``); returns the row key, or None
+        when the save was dropped or failed. A row already cached is not copied again."""
+        cache = self.cache
+        ns = self.namespace(scope)
+        key = row_key(ns.digest(), tokens)
+        if key in cache:
+            if reason is SaveReason.AGENT_PREFIX:
+                cache.pin(key)
+            return key
+        start = time.perf_counter_ns()
+        payload = ctx.state_seq_get(seq)
+        cache.record_ns("pack_ns", time.perf_counter_ns() - start)
+        if sync:
+            return cache.put(ns, tokens, payload, reason)
+        return key if cache.put_async(ns, tokens, payload, reason) else None
+
+    def cached_prefix_len(self, tokens: Sequence[int], scope: str) -> int:
+        return self.cache.cached_prefix_len(self.namespace(scope), tokens)
