@@ -34,4 +34,6 @@ PYBIND11_MODULE(_native, m) {
     wb::bind_context(m);
     wb::bind_sampler(m);
     wb::bind_grammar(m);
+    wb::bind_chat(m);
+    wb::bind_embed(m);
 }

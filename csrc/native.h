@@ -94,9 +94,18 @@ public:
     Grammar(const Grammar &) = delete;
     Grammar & operator=(const Grammar &) = delete;
     llama_sampler * clone() const;
+    // Advance the prototype past text the prompt already holds (a chat template's generation
+    // prompt), as llama.cpp's common sampler does for tool-call grammars; idempotent for the
+    // same text. Defined in chat.cpp.
+    void prefill(const std::string & text);
+    // Make the prototype lazy: it constrains nothing until one of the trigger patterns (regex
+    // on the generated text) or trigger tokens appears. Defined in chat.cpp.
+    void make_lazy(const std::vector<std::string> & patterns, const std::vector<llama_token> & tokens);
 
     std::shared_ptr<Model> model;
     std::string text;
+    std::string prefilled;
+    bool lazy = false;
 
 private:
     llama_sampler * proto_ = nullptr;
@@ -108,5 +117,7 @@ void bind_model(py::module_ & m);
 void bind_context(py::module_ & m);
 void bind_sampler(py::module_ & m);
 void bind_grammar(py::module_ & m);
+void bind_chat(py::module_ & m);
+void bind_embed(py::module_ & m);
 
 }  // namespace wb

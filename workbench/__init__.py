@@ -12,7 +12,14 @@ from .api import (cancel, complete, continue_session, counters, detokenize, end_
                   list_models, load_model, model_info, pending_len, phase, queue_depth, request_info,
                   requests, reset_session, sessions, stream, tokenize, unload)
 from .engine.events import CompletionResult, Done, Error, Stats, Token, TokenId
+from .api import chat, chat_stream, embed, embed_batch, render_chat_template
+from .chat import ChatDone, ChatResult, ChatStream, RenderedChat
+from .engine.events import Thinking, ThinkingEnd
+from .api import cached_prefix_len, evict, prefill_only, shutdown
+from .cache_admin import (add_tier, cache_info, cache_rows, configure_cache, evict_bytes, list_tiers, pin_row,
+                          remove_tier, unpin_row)
 from .engine.stream import Stream
+from .pressure import pressure, pressure_sources, start_pressure_monitor, stop_pressure_monitor
 from .models import DEFAULT_MODEL, default_model_path, fetch_default_model
 
 __version__ = _native.__version__
@@ -23,4 +30,22 @@ __all__ = [
     "end_session", "fetch_default_model", "last_cache_hit", "list_models", "load_model", "model_info",
     "pending_len", "phase", "queue_depth", "request_info", "requests", "reset_session", "sessions",
     "stream", "tokenize", "unload",
+    "ChatDone", "ChatResult", "ChatStream", "RenderedChat", "Thinking", "ThinkingEnd", "chat", "chat_stream",
+    "embed", "embed_batch", "render_chat_template",
+    "add_tier", "cache_info", "cache_rows", "cached_prefix_len", "configure_cache", "evict", "evict_bytes",
+    "list_tiers", "pin_row", "prefill_only", "remove_tier", "shutdown", "unpin_row",
+    "pressure", "pressure_sources", "start_pressure_monitor", "stop_pressure_monitor",
 ]
+
+
+def load_ipython_extension(ipython):  # noqa: ANN001 - IPython's hook, `%load_ext workbench`
+    """Register the notebook magics (%wb, %%generate, %%chat); see workbench.notebook."""
+    from .notebook import load_ipython_extension as load
+
+    load(ipython)
+
+
+def unload_ipython_extension(ipython):  # noqa: ANN001 - `%unload_ext workbench`
+    from .notebook import unload_ipython_extension as unload
+
+    unload(ipython)

@@ -82,3 +82,54 @@ class Sampler:
     def accept(self, token: int) -> None: ...
     def reset(self) -> None: ...
     def close(self) -> None: ...
+
+def json_schema_to_grammar(schema_json: str) -> str:
+    """GBNF for a JSON schema (JSON text), by llama.cpp common's converter."""
+
+class ChatParser:
+    """The parser one rendering produced (format, generation prompt, PEG arena); immutable."""
+    format: str
+    generation_prompt: str
+    def parse(self, text: str, is_partial: bool = False) -> dict[str, Any]:
+        """dict(role, content, reasoning_content, tool_calls=[{name, arguments (JSON text), id}]);
+        ValueError when a complete reply does not match the format."""
+
+class ChatTemplates:
+    """A model's chat templates (llama.cpp common), parsed once; ``template`` overrides the GGUF's."""
+    has_template: bool
+    def __init__(self, model: Model, template: str = "") -> None: ...
+    def source(self, variant: str = "") -> str: ...
+    def caps(self) -> dict[str, bool]: ...
+    def apply(self, messages_json: str, tools_json: str = "", tool_choice: str = "auto",
+              parallel_tool_calls: bool = False, add_generation_prompt: bool = True,
+              enable_thinking: bool = True, kwargs_json: str = "", json_schema: str = "",
+              continue_final_message: bool = False) -> dict[str, Any]:
+        """dict(prompt, grammar, grammar_lazy, grammar_triggers, preserved_tokens, additional_stops,
+        generation_prompt, supports_thinking, thinking_start_tag, thinking_end_tags, format, parser).
+        ValueError for anything common refuses (bad role or content, bad tools, a template error)."""
+
+class Grammar:
+    """A GBNF grammar parsed once into a prototype sampler; each request clones it."""
+    text: str
+    def __init__(self, model: Model, text: str, root: str = "root") -> None: ...
+
+def grammar_prefill(grammar: Grammar, text: str) -> None:
+    """Advance a grammar prototype past text the prompt holds (a template's generation prompt);
+    idempotent for the same text, ValueError if the grammar refuses it (the prototype unchanged)."""
+def grammar_make_lazy(grammar: Grammar, triggers: list[dict[str, Any]], preserved_tokens: list[str]) -> None:
+    """Make a grammar prototype lazy on a chat template's triggers, as llama.cpp's server does."""
+
+class Embedder:
+    """An embedding context (embeddings on, one pooling type) of its own; not re-entrant."""
+    pooling: str
+    n_ctx: int
+    n_batch: int
+    n_seq_max: int
+    n_embd: int
+    closed: bool
+    def __init__(self, model: Model, pooling: str = "mean", n_ctx: int = 2048, n_seq_max: int = 16,
+                 n_threads: int = 4) -> None: ...
+    def embed(self, inputs: list[list[int]], normalize: bool = True) -> list[Any]:
+        """One vector per input (pooled) or one list of token vectors per input ('none');
+        inputs are packed into as few llama_decode calls as fit (GIL released)."""
+    def close(self) -> None: ...

@@ -175,3 +175,14 @@ class DecodeFailed(WorkbenchError, RuntimeError):
 
 class EngineStopped(WorkbenchError, RuntimeError):
     """The model was unloaded while the request was queued or running."""
+
+
+# --- chat --------------------------------------------------------------------------------
+
+class NoChatTemplate(WorkbenchError, ValueError):
+    """The model's GGUF carries no chat template (``tokenizer.chat_template``)."""
+
+    def __init__(self, model_id: str) -> None:
+        self.model_id = model_id
+        super().__init__(f"model {model_id!r} has no chat template in its GGUF metadata; pass "
+                         "chat_template='<jinja template>' or build the prompt yourself and use complete()")

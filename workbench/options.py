@@ -269,6 +269,8 @@ class ChatOptions:
                                                     "'auto' (None), 'none', 'required' or one named function")
     parallel_tool_calls: bool = opt(False, _bool, "let the template's grammar allow several calls")
     add_generation_prompt: bool = opt(True, _bool, "end the prompt with the assistant turn's header")
+    continue_final_message: bool = opt(False, _bool,
+                                       "the last (assistant) message is a prefix the reply continues")
     chat_template_kwargs: dict[str, Any] | None = opt(None, _json_object, "extra variables for the template")
     chat_template: str | None = opt(None, _str(), "a jinja template to use instead of the model's")
     thinking: str = opt("disabled", _choice("enabled", "disabled"),

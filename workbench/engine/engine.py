@@ -51,6 +51,7 @@ class Engine:
         self.ctx = _native.Context(native_model, ctx_params)
         self.fingerprint = fingerprint(path)
         self.loaded_at = time.time()
+        self.last_active = time.monotonic()
         self.counters: collections.Counter[str] = collections.Counter(dict.fromkeys(COUNTER_NAMES, 0))
         n_batch = self.ctx.n_batch
         if cfg.prefill_chunk_size is None:
@@ -273,6 +274,7 @@ class Engine:
         self.phase = "idle"
 
     def _tick(self) -> None:
+        self.last_active = time.monotonic()
         self._run_commands()
         self._admit()
         for req in [r for r in self.active if r.cancel_requested]:

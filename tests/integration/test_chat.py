@@ -1,0 +1,192 @@
+"""Chat turns on the real default model (SmolLM2-135M-Instruct, ChatML template)."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+
+import pytest
+
+import workbench as wb
+from workbench.errors import InvalidOption, NotLoaded, UnknownOption
+
+pytestmark = pytest.mark.model
+
+SYSTEM = {"role": "system", "content": "You are a helpful assistant."}
+FRANCE = {"role": "user", "content": "What is the capital of France?"}
+
+
+def test_chat_round_trip_answers_paris(model):
+    r = wb.chat(model, [SYSTEM, FRANCE])
+    assert isinstance(r, wb.ChatResult) and isinstance(r, wb.CompletionResult)
+    assert r.message["role"] == "assistant" and "Paris" in r.message["content"]
+    assert r.content == r.message["content"] and r.tool_calls == [] and r.reasoning_content is None
+    assert r.finish_reason == "stop" and r.parse_error is None
+    assert r.stats.generated_tokens == len(r.tokens) > 0
+
+
+def test_chat_is_the_rendered_prompt_completed(model):
+    """chat() = render with the template + the ordinary greedy completion of its tokens."""
+    msgs = [FRANCE]  # the template adds SmolLM's own system prompt
+    rendered = wb.render_chat_template(model, msgs)
+    assert rendered.prompt.startswith("<|im_start|>system\n") and rendered.prompt.endswith("<|im_start|>assistant\n")
+    assert rendered.tokens == wb.tokenize(model, rendered.prompt)
+    r = wb.chat(model, msgs, response_tokens=24)
+    plain = wb.complete(model, rendered.tokens, response_tokens=24)
+    assert r.tokens == plain.tokens and r.content == plain.reply
+    assert r.context_tokens[: len(rendered.tokens)] == tuple(rendered.tokens)
+
+
+def test_multi_turn_uses_the_history(model):
+    msgs = [SYSTEM, FRANCE]
+    first = wb.chat(model, msgs, session_id="chat-multi")
+    msgs += [first.message, {"role": "user", "content": "What is the capital of Germany?"}]
+    second = wb.chat(model, msgs, session_id="chat-multi")
+    assert "Berlin" in second.content
+    rendered = wb.render_chat_template(model, msgs)
+    assert "The capital of France is Paris" in rendered.prompt  # the first answer is in the second prompt
+    wb.end_session(model, "chat-multi")
+
+
+def test_chat_stream_events_end_with_the_parsed_message(model):
+    events = list(wb.chat_stream(model, [SYSTEM, FRANCE]))
+    *body, last = events
+    assert isinstance(last, wb.ChatDone) and isinstance(last, wb.Done)
+    assert {type(e) for e in body} <= {wb.Token, wb.TokenId}
+    text = "".join(e.text for e in body if isinstance(e, wb.Token))
+    assert text == last.reply and last.message["content"] == text
+    assert [e.id for e in body if isinstance(e, wb.TokenId)] == list(last.tokens)
+
+
+def test_chat_stream_async(model):
+    async def run():
+        out = []
+        async for ev in wb.chat_stream(model, [SYSTEM, FRANCE], response_tokens=8):
+            out.append(ev)
+        return out
+
+    events = asyncio.run(run())
+    assert isinstance(events[-1], wb.ChatDone) and events[-1].finish_reason in ("stop", "length")
+
+
+def test_chat_stream_cancel(model):
+    s = wb.chat_stream(model, [SYSTEM, {"role": "user", "content": "Write a long story about a dragon."}],
+                       response_tokens=400)
+    for ev in s:
+        if isinstance(ev, wb.Token):
+            s.cancel()
+            break
+    last = list(s)[-1]
+    assert isinstance(last, wb.ChatDone) and last.finish_reason == "cancelled"
+
+
+def test_template_stop_strings_and_user_options_pass_through(model):
+    r = wb.chat(model, [SYSTEM, FRANCE], stop_sequences=["Paris"], response_tokens=32)
+    assert r.finish_reason == "stop" and r.stop_sequence == "Paris" and "Paris" not in r.content
+
+
+def test_chat_errors_are_named(model):
+    with pytest.raises(UnknownOption, match="tool_chioce"):
+        wb.chat(model, [FRANCE], tool_chioce="auto")
+    with pytest.raises(InvalidOption) as e:
+        wb.chat(model, [{"role": "user", "content": 3}])
+    assert e.value.key == "messages[0].content"
+    with pytest.raises(InvalidOption) as e:
+        wb.chat(model, [FRANCE], thinking="sometimes")
+    assert e.value.key == "thinking"
+    with pytest.raises(InvalidOption) as e:
+        wb.chat(model, [FRANCE], thinking_budget_tokens=8)
+    assert e.value.key == "thinking_budget_tokens"
+    with pytest.raises(InvalidOption) as e:
+        wb.chat(model, [FRANCE], temperature=-1)
+    assert e.value.key == "temperature"
+    with pytest.raises(NotLoaded):
+        wb.chat("no-such-model", [FRANCE])
+
+
+MARKERS = {"start": "The capital", "end": "France is"}
+
+
+@pytest.mark.load(thinking_markers=MARKERS, thinking_signing_key="k3y")
+def test_thinking_markers_split_the_real_stream(fresh_model):
+    """Multi-token markers on real token boundaries: the model answers 'The capital of France
+    is Paris.', so with these (artificial) markers ' of ' is the thinking block."""
+    events = list(wb.chat_stream(fresh_model, [SYSTEM, FRANCE], thinking="enabled"))
+    thinking = "".join(e.text for e in events if isinstance(e, wb.Thinking))
+    ends = [e for e in events if isinstance(e, wb.ThinkingEnd)]
+    text = "".join(e.text for e in events if isinstance(e, wb.Token))
+    done = events[-1]
+    assert thinking == "of " and len(ends) == 1
+    assert ends[0].signature == hmac.new(b"k3y", b"of ", hashlib.sha256).hexdigest() == done.thinking_signature
+    assert text.startswith("Paris") and "France is" not in text
+    assert done.message["reasoning_content"] == "of " and done.message["content"] == text
+    assert done.reply.startswith("The capital of France is Paris")   # the raw reply is untouched
+    # thinking disabled: no Thinking events, the text as generated
+    plain = list(wb.chat_stream(fresh_model, [SYSTEM, FRANCE]))
+    assert not any(isinstance(e, (wb.Thinking, wb.ThinkingEnd)) for e in plain)
+
+
+@pytest.mark.load(thinking_markers={"start": "The", "end": "Paris"})
+def test_thinking_budget_closes_the_block(fresh_model):
+    r = wb.chat_stream(fresh_model, [SYSTEM, FRANCE], thinking="enabled", thinking_budget_tokens=2)
+    events = list(r)
+    kinds = [type(e).__name__ for e in events]
+    first_end = kinds.index("ThinkingEnd")
+    thinking = "".join(e.text for e in events if isinstance(e, wb.Thinking))
+    after = "".join(e.text for e in events[first_end:] if isinstance(e, wb.Token))
+    assert thinking == "capital of"                  # the two tokens after the start marker
+    assert kinds.count("ThinkingEnd") == 1 and "Thinking" not in kinds[first_end:]
+    assert after.strip().startswith("France is") and "Paris" not in after   # the end marker is dropped
+    assert events[-1].thinking_signature == ""        # no signing key: unsigned
+
+
+def test_unload_frees_the_models_templates(model, model_path):
+    other = wb.load_model(model_path=str(model_path), n_seq_max=1)
+    wb.render_chat_template(other, [FRANCE])
+    wb.unload(other)                                  # frees its templates with it
+    with pytest.raises(NotLoaded):
+        wb.render_chat_template(other, [FRANCE])
+    assert "Paris" in wb.chat(model, [SYSTEM, FRANCE]).content
+
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Get the current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "the city"}},
+                   "required": ["city"]}}}
+
+
+@pytest.fixture(scope="module")
+def qwen_coder():
+    from .heavy_models import fetch_chunked
+
+    mid = wb.load_model(model_path=str(fetch_chunked()), model_id="qwen-coder-heavy", n_ctx=4096, n_seq_max=2)
+    yield mid
+    wb.unload(mid)
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+def test_tool_call_with_qwen_coder(qwen_coder, tool_choice):
+    """Qwen2.5-Coder-0.5B-Instruct: its template lists the tools in the system prompt; the
+    reply is constrained by the template's tool grammar (prefilled past the generation prompt)
+    and parsed by llama.cpp's parser into a call.
+
+    Greedy, this model never opens a call with <tool_call> by itself (it writes the JSON bare
+    or in a ```json fence, which the template's format does not parse), so the assistant turn
+    is primed with the marker (continue_final_message, llama.cpp's assistant prefill)."""
+    ask = {"role": "user", "content": "What is the weather like in Paris right now?"}
+    msgs = [ask, {"role": "assistant", "content": "<tool_call>\n"}]
+    rendered = wb.render_chat_template(qwen_coder, msgs, tools=[WEATHER], continue_final_message=True)
+    assert '"name": "get_weather"' in rendered.prompt and rendered.prompt.endswith("<tool_call>\n")
+    r = wb.chat(qwen_coder, msgs, tools=[WEATHER], tool_choice=tool_choice, continue_final_message=True,
+                response_tokens=64)
+    assert r.parse_error is None and r.finish_reason == "stop", r.reply
+    [call] = r.tool_calls
+    assert call["name"] == "get_weather" and list(call["arguments"]) == ["city"]
+    assert call["arguments"]["city"].lower() == "paris" and call["id"].startswith("call_")
+    # the parsed call and its result render back into the next turn's prompt
+    follow = [ask, r.message, {"role": "tool", "tool_call_id": call["id"], "content": "sunny, 21 C"}]
+    prompt = wb.render_chat_template(qwen_coder, follow, tools=[WEATHER]).prompt
+    assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' in prompt
+    assert "<tool_response>\nsunny, 21 C\n</tool_response>" in prompt

@@ -1,0 +1,112 @@
+"""Rendering with a model's chat template (llama.cpp common, parsed once per model)."""
+
+from __future__ import annotations
+
+import collections
+import json
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import _native
+from ..errors import InvalidOption, NoChatTemplate
+from ..options import ChatOptions
+from .messages import normalize_messages, normalize_tools
+
+_TEMPLATES_PER_MODEL = 8
+
+
+_lock = threading.Lock()
+_templates: dict[str, tuple[Any, collections.OrderedDict[str | None, Any]]] = {}
+
+
+def templates_for(engine: Any, override: str | None = None) -> Any:
+    """The model's parsed ChatTemplates (built once per model and template source)."""
+    with _lock:
+        entry = _templates.get(engine.model_id)
+        if entry is not None and entry[0] is engine:
+            hit = entry[1].get(override)
+            if hit is not None:
+                entry[1].move_to_end(override)
+                return hit
+    try:
+        tmpls = _native.ChatTemplates(engine.model, override or "")
+    except ValueError as e:
+        raise InvalidOption("chat_template", override if override else "<the model's template>",
+                            f"a jinja template llama.cpp can parse ({e})") from None
+    if not tmpls.has_template:
+        raise NoChatTemplate(engine.model_id)
+    with _lock:
+        entry = _templates.get(engine.model_id)
+        if entry is None or entry[0] is not engine:
+            entry = _templates[engine.model_id] = (engine, collections.OrderedDict())
+        entry[1][override] = tmpls
+        while len(entry[1]) > _TEMPLATES_PER_MODEL:
+            entry[1].popitem(last=False)
+    return tmpls
+
+
+def forget(engine: Any) -> None:
+    """on_unload hook: drop the model's templates."""
+    with _lock:
+        entry = _templates.get(engine.model_id)
+        if entry is not None and entry[0] is engine:
+            del _templates[engine.model_id]
+
+
+# --- rendering ---------------------------------------------------------------------------------
+
+@dataclass(slots=True, frozen=True)
+class RenderedChat:
+    """A conversation rendered by the model's template, and what generation needs from it."""
+
+    prompt: str
+    tokens: list[int]
+    grammar: str | None
+    grammar_lazy: bool
+    grammar_triggers: tuple[dict[str, Any], ...]
+    preserved_tokens: tuple[str, ...]
+    stop_sequences: tuple[str, ...]
+    generation_prompt: str
+    format: str
+    supports_thinking: bool
+    thinking_start: str | None
+    thinking_end: str | None
+    parser: Any = field(default=None, repr=False, compare=False)
+
+
+def render(native_model: Any, templates: Any, messages: Any, tools: Any = None,
+           opts: ChatOptions | None = None, add_special: bool = True, parse_special: bool = True) -> RenderedChat:
+    """Validate and render; the prompt is tokenised as llama.cpp's server does (specials parsed)."""
+    opts = opts or ChatOptions()
+    msgs = normalize_messages(messages)
+    tool_list = normalize_tools(tools)
+    choice = opts.tool_choice or "auto"
+    if isinstance(choice, dict):  # one named function: offer only it, and require a call
+        name = choice["function"]["name"]
+        tool_list = [t for t in tool_list if t["function"]["name"] == name]
+        if not tool_list:
+            raise InvalidOption("tool_choice", opts.tool_choice, "the name of one of the tools given")
+        choice = "required"
+    if choice == "required" and not tool_list:
+        raise InvalidOption("tool_choice", opts.tool_choice, "tools to choose from (none were given)")
+    if opts.continue_final_message and (msgs[-1]["role"] != "assistant" or msgs[-1].get("tool_calls")):
+        raise InvalidOption("continue_final_message", True, "an assistant message without tool calls last")
+    if opts.thinking_budget_tokens is not None and opts.thinking != "enabled":
+        raise InvalidOption("thinking_budget_tokens", opts.thinking_budget_tokens, "thinking='enabled'")
+    try:
+        r = templates.apply(json.dumps(msgs), json.dumps(tool_list) if tool_list else "", choice,
+                            opts.parallel_tool_calls, opts.add_generation_prompt, opts.thinking == "enabled",
+                            json.dumps(opts.chat_template_kwargs) if opts.chat_template_kwargs else "", "",
+                            opts.continue_final_message)
+    except ValueError as e:  # the template itself refused (e.g. roles must alternate)
+        raise InvalidOption("messages", messages, f"a conversation the chat template accepts ({e})") from None
+    tokens = native_model.tokenize(r["prompt"], add_special, parse_special)
+    end_tags = r["thinking_end_tags"]
+    return RenderedChat(
+        prompt=r["prompt"], tokens=tokens, grammar=r["grammar"], grammar_lazy=r["grammar_lazy"],
+        grammar_triggers=tuple(r["grammar_triggers"]), preserved_tokens=tuple(r["preserved_tokens"]),
+        stop_sequences=tuple(r["additional_stops"]), generation_prompt=r["generation_prompt"],
+        format=r["format"], supports_thinking=r["supports_thinking"],
+        thinking_start=r["thinking_start_tag"] or None, thinking_end=end_tags[0] if end_tags else None,
+        parser=r["parser"])

@@ -1,0 +1,100 @@
+"""Embeddings: pooled (or per-token) vectors from a context of their own.
+
+Embedding never goes through the generation loop: each (model, pooling) pair gets its own
+native context (embeddings on, that pooling type, ``embed_n_seq_max`` sequences), made on
+first use and freed when the model is unloaded. One native call embeds a whole batch,
+packing as many inputs into each llama_decode as fit; the GIL is released while it runs
+and a per-context lock serialises callers (a context is not re-entrant).
+
+Texts are tokenised as llama.cpp's embedding tools do (special tokens added and parsed),
+so BERT-style models get their [CLS]/[SEP] and decoder models their BOS.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import _native
+from .errors import ContextOverflow, EmptyPrompt, InvalidOption, NotLoaded
+
+POOLINGS = ("mean", "cls", "last", "none")
+DEFAULT_EMBED_N_CTX = 2048
+
+
+@dataclass(eq=False)
+class _Entry:
+    engine: Any
+    embedder: Any
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+_lock = threading.Lock()
+_entries: dict[tuple[str, str], _Entry] = {}
+
+
+def embed_inputs(engine: Any, inputs: Sequence[Any], pooling: str, normalize: bool) -> list[Any]:
+    """Vectors for ``inputs`` (texts or token lists), in order."""
+    if not isinstance(pooling, str) or pooling not in POOLINGS:
+        raise InvalidOption("pooling", pooling, "one of " + ", ".join(repr(p) for p in POOLINGS))
+    if not isinstance(normalize, bool):
+        raise InvalidOption("normalize", normalize, "True or False")
+    token_lists = [_tokens(engine, x, f"inputs[{i}]") for i, x in enumerate(inputs)]
+    if not token_lists:
+        return []
+    entry = _entry(engine, pooling)
+    limit = entry.embedder.n_batch
+    for toks in token_lists:
+        if len(toks) > limit:
+            raise ContextOverflow(len(toks), limit, "the embedding context; raise embed_n_ctx at load_model")
+    with entry.lock:
+        if entry.embedder.closed:
+            raise NotLoaded(engine.model_id)
+        return entry.embedder.embed(token_lists, normalize)
+
+
+def _tokens(engine: Any, x: Any, key: str) -> list[int]:
+    model = engine.model
+    if isinstance(x, str):
+        if not x:
+            raise EmptyPrompt()
+        toks = model.tokenize(x, True, True)
+    elif isinstance(x, Sequence) and not isinstance(x, (bytes, bytearray)):
+        n_vocab = model.n_vocab
+        toks = list(x)
+        for t in toks:
+            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < n_vocab:
+                raise InvalidOption(key, t, f"token ids in [0, {n_vocab})")
+    else:
+        raise InvalidOption(key, x, "a string or a list of token ids")
+    if not toks:
+        raise EmptyPrompt()
+    return toks
+
+
+def _entry(engine: Any, pooling: str) -> _Entry:
+    key = (engine.model_id, pooling)
+    with _lock:
+        entry = _entries.get(key)
+        if entry is not None and entry.engine is engine:
+            return entry
+        cfg = engine.cfg
+        n_ctx = getattr(cfg, "embed_n_ctx", None) or min(engine.model.n_ctx_train or DEFAULT_EMBED_N_CTX,
+                                                         DEFAULT_EMBED_N_CTX)
+        n_seq = getattr(cfg, "embed_n_seq_max", 16)
+        embedder = _native.Embedder(engine.model, pooling, n_ctx, n_seq, engine.ctx.n_threads)
+        entry = _entries[key] = _Entry(engine, embedder)
+        return entry
+
+
+def forget(engine: Any) -> None:
+    """on_unload hook: free the model's embedding contexts (before the model itself)."""
+    with _lock:
+        mine = [(k, e) for k, e in _entries.items() if e.engine is engine]
+        for k, _ in mine:
+            del _entries[k]
+    for _, e in mine:
+        with e.lock:
+            e.embedder.close()
