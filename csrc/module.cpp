@@ -34,6 +34,7 @@ PYBIND11_MODULE(_native, m) {
     wb::bind_context(m);
     wb::bind_sampler(m);
     wb::bind_grammar(m);
+    wb::bind_adapter(m);
     wb::bind_chat(m);
     wb::bind_embed(m);
 }

@@ -117,6 +117,7 @@ void bind_model(py::module_ & m);
 void bind_context(py::module_ & m);
 void bind_sampler(py::module_ & m);
 void bind_grammar(py::module_ & m);
+void bind_adapter(py::module_ & m);
 void bind_chat(py::module_ & m);
 void bind_embed(py::module_ & m);
 

@@ -15,7 +15,8 @@ from .engine.events import CompletionResult, Done, Error, Stats, Token, TokenId
 from .api import chat, chat_stream, embed, embed_batch, render_chat_template
 from .chat import ChatDone, ChatResult, ChatStream, RenderedChat
 from .engine.events import Thinking, ThinkingEnd
-from .api import cached_prefix_len, evict, prefill_only, shutdown
+from .api import (cached_prefix_len, evict, list_adapters, load_adapter, prefill_only, set_adapter_scale, shutdown,
+                  unload_adapter)
 from .cache_admin import (add_tier, cache_info, cache_rows, configure_cache, evict_bytes, list_tiers, pin_row,
                           remove_tier, unpin_row)
 from .engine.stream import Stream
@@ -35,6 +36,7 @@ __all__ = [
     "add_tier", "cache_info", "cache_rows", "cached_prefix_len", "configure_cache", "evict", "evict_bytes",
     "list_tiers", "pin_row", "prefill_only", "remove_tier", "shutdown", "unpin_row",
     "pressure", "pressure_sources", "start_pressure_monitor", "stop_pressure_monitor",
+    "list_adapters", "load_adapter", "set_adapter_scale", "unload_adapter",
 ]
 
 

@@ -6,6 +6,7 @@ NotLoaded for an id that is not loaded.
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -15,7 +16,9 @@ from .engine import prefix_cache
 from .engine.engine import Engine, model_id_for
 from .engine.events import CompletionResult
 from .engine.stream import Stream
-from .errors import AlreadyLoaded, EmptyPrompt, InvalidOption, NotLoaded, UnknownOption, UnknownRequest
+from . import _native
+from .errors import (AlreadyLoaded, EmptyPrompt, InvalidOption, ModelFileError, NotLoaded, UnknownOption,
+                     UnknownRequest)
 from .models import fetch_default_model
 from .cache import SaveReason
 from .options import LoadConfig, RequestOptions, build, option_names
@@ -235,6 +238,59 @@ def evict(model: str) -> int:
 def shutdown(model: str) -> int:
     """As :func:`evict`, with save reason ``shutdown`` (call before the process stops)."""
     return _engine(model).evict(SaveReason.SHUTDOWN)
+
+
+_adapter_handles = itertools.count(1)
+
+
+def load_adapter(model: str, path: str, scale: float = 1.0) -> int:
+    """Load a LoRA adapter (GGUF) and attach it; returns its handle.
+
+    The adapter's sha256 and scale fold into the model's cache namespace, so rows made
+    under one adapter set never serve another. The change applies from the next admitted
+    request (requests already running finish under the set they started with).
+    """
+    from .engine.engine import AdapterSlot
+    from .models import check_model_file, fingerprint
+
+    eng = _engine(model)
+    scale = _scale(scale)
+    p = check_model_file(path)
+    try:
+        native = _native.Adapter(eng.model, str(p))
+    except _native.NativeError as e:
+        raise ModelFileError(str(path), f"not a LoRA adapter for this model: {e}") from None
+    slot = AdapterSlot(next(_adapter_handles), native, str(p), fingerprint(p), scale)
+    eng.request_adapters(lambda cur: cur + [slot])
+    return slot.handle
+
+
+def unload_adapter(model: str, adapter: int) -> None:
+    """Detach an adapter (idempotent)."""
+    _engine(model).request_adapters(lambda cur: [a for a in cur if a.handle != adapter])
+
+
+def set_adapter_scale(model: str, adapter: int, scale: float) -> None:
+    """Change an attached adapter's scale (0 = the base model's output); splits the cache namespace."""
+    import dataclasses
+
+    eng = _engine(model)
+    scale = _scale(scale)
+    if adapter not in {a.handle for a in eng.adapter_list()}:
+        raise InvalidOption("adapter", adapter, "the handle of an attached adapter")
+    eng.request_adapters(lambda cur: [dataclasses.replace(a, scale=scale) if a.handle == adapter else a
+                                      for a in cur])
+
+
+def list_adapters(model: str) -> list[dict[str, Any]]:
+    """Attached adapters: {'adapter': handle, 'scale', 'path', 'sha256'}."""
+    return [a.info() for a in _engine(model).adapter_list()]
+
+
+def _scale(scale: Any) -> float:
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or scale != scale:
+        raise InvalidOption("scale", scale, "a number")
+    return float(scale)
 
 
 def cancel(ref: Stream | int) -> None:

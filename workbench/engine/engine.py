@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Hashable
 from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,7 @@ COMMAND_TIMEOUT_S = 5.0
 COUNTER_NAMES = ("decode_calls", "decoded_tokens", "decode_aborted", "decode_timeouts", "finished_stop",
                  "finished_length", "finished_cancelled", "hits_cold", "hits_sticky", "hits_partial",
                  "hits_exact", "sessions_reclaimed", "sessions_reset", "cache_restore_failed",
-                 "cache_saves_dropped", "cache_evicted_sessions")
+                 "cache_saves_dropped", "cache_evicted_sessions", "adapter_changes")
 
 
 class Engine:
@@ -64,6 +65,10 @@ class Engine:
         self.kvcache = EngineCache(self.fingerprint, native_model.desc, ctx_params, self.counters) \
             if cfg.cache else None
         self.sessions = SessionTable()
+        # LoRA: the applied set, and a requested set applied once nothing is running (every
+        # request runs under one adapter set from admission to end)
+        self.adapters: list[AdapterSlot] = []
+        self._adapter_target: list[AdapterSlot] | None = None
         # state shared with other threads: written by the loop, read anywhere
         self.phase = "idle"
         self.last_hit: dict[str, Any] | None = None
@@ -214,6 +219,7 @@ class Engine:
             "queue_depth": len(self.active),
             "pending_len": len(self.pending),
             "grammar_cache": self.grammars.stats(),
+            "adapters": [a.info() for a in self.adapter_list()],
             "has_chat_template": m.chat_template is not None,
             "gpu": bool(_native.cuda),
         }
@@ -336,6 +342,10 @@ class Engine:
 
     # --- admission -----------------------------------------------------------------------
     def _admit(self) -> None:
+        if self._adapter_target is not None:
+            if self.active:
+                return  # hold admissions until the requests admitted under the old set end
+            self._apply_adapters()
         placed: list[Request] = []
         with self._cv:
             while self.pending:
@@ -542,6 +552,30 @@ class Engine:
                 self._free_seqs.sort()
             sess.seq = None
 
+    # --- LoRA adapters ---------------------------------------------------------------------
+    def request_adapters(self, change: Callable[[list[AdapterSlot]], list[AdapterSlot]]) -> None:
+        """Change the adapter set (any thread); it applies before the next admission."""
+        with self._cv:
+            current = self._adapter_target if self._adapter_target is not None else self.adapters
+            self._adapter_target = change(list(current))
+            self._cv.notify()
+
+    def adapter_list(self) -> list[AdapterSlot]:
+        with self._cv:
+            return list(self._adapter_target if self._adapter_target is not None else self.adapters)
+
+    def _apply_adapters(self) -> None:
+        with self._cv:
+            target, self._adapter_target = self._adapter_target or [], None
+        live = [a for a in target if a.scale != 0.0]   # scale 0 is exactly the base model
+        _native.set_adapters(self.ctx, [a.native for a in live], [a.scale for a in live])
+        self.adapters = target
+        if self.kvcache is not None:
+            self.kvcache.set_adapters(tuple((a.sha256, a.scale) for a in live))
+        for sess in self.sessions.idle_pinned():       # their live KV was computed under the old set
+            self._free_session_seq(sess)
+        self.counters["adapter_changes"] += 1
+
     # --- decode failures -----------------------------------------------------------------
     def _decode_failed(self, rc: int, plan: BatchPlan) -> None:
         # roll every sequence in the batch back to where it was: ubatches already
@@ -579,9 +613,23 @@ class Engine:
             req.fail(err)
         self.ctx.close()
         self.ctx = _native.Context(self.model, self.ctx_params)
+        live = [a for a in self.adapters if a.scale != 0.0]
+        _native.set_adapters(self.ctx, [a.native for a in live], [a.scale for a in live])
         with self._cv:
             self.sessions.unpin_all()
             self._free_seqs = list(range(self.ctx.n_seq_max))
+
+
+@dataclass(slots=True, frozen=True)
+class AdapterSlot:
+    handle: int
+    native: Any
+    path: str
+    sha256: str
+    scale: float
+
+    def info(self) -> dict[str, Any]:
+        return {"adapter": self.handle, "scale": self.scale, "path": self.path, "sha256": self.sha256}
 
 
 def _sampler_params(req: Request) -> dict[str, Any]:

@@ -94,7 +94,13 @@ class EngineCache:
         self.quantisation = quantisation
         self.kv_params = tuple(sorted((k, ctx_params[k]) for k in ("type_k", "type_v", "flash_attn")))
         self.counters = counters
+        self.adapters: tuple[tuple[str, float], ...] = ()
         self._namespaces: dict[str, CacheNamespace] = {}
+
+    def set_adapters(self, adapters: tuple[tuple[str, float], ...]) -> None:
+        """The applied LoRA set (sha256, scale) in order: part of every namespace from now."""
+        self.adapters = adapters
+        self._namespaces = {}
 
     @property
     def cache(self) -> TieredCache:
@@ -104,7 +110,8 @@ class EngineCache:
         ns = self._namespaces.get(scope)
         if ns is None:
             ns = self._namespaces[scope] = CacheNamespace(
-                self.fingerprint, quantisation=self.quantisation, kv_params=self.kv_params, scope=scope)
+                self.fingerprint, adapters=self.adapters, quantisation=self.quantisation,
+                kv_params=self.kv_params, scope=scope)
         return ns
 
     def restore(self, ctx: Any, seq: int, prompt: list[int], scope: str, parent_key: str | None) -> Restored | None:

@@ -1,0 +1,83 @@
+#!/usr/bin/env python3
+"""How fast the eviction lab replays a long trace (no model involved).
+
+Generates a seeded trace (100,000 requests by default), then runs
+`workbench.notebook.lab.replay` through the five registered policies at the given cache
+sizes, and prints the wall time of each stage, the per-(policy, size) replay times and
+the CPU time of this process and its worker processes.
+
+    python bench/bench_replay.py [--workload chats|agents|rag] [--requests 100000]
+                                 [--sizes 8GiB] [--workers N] [--checkpoint-every 2048] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from workbench.notebook import lab, traces  # noqa: E402
+from workbench.notebook.plan import build_plan  # noqa: E402
+from workbench.notebook.units import format_bytes  # noqa: E402
+
+WORKLOADS = {"chats": traces.multi_turn_chats, "agents": traces.agent_tasks, "rag": traces.rag_queries}
+
+
+def cpu_seconds() -> float:
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workload", choices=sorted(WORKLOADS), default="chats")
+    ap.add_argument("--requests", type=int, default=100_000)
+    ap.add_argument("--sizes", default="8GiB", help="comma-separated cache sizes")
+    ap.add_argument("--policies", default=",".join(lab.DEFAULT_POLICIES))
+    ap.add_argument("--workers", type=int, default=None, help="default: the usable cores")
+    ap.add_argument("--checkpoint-every", type=int, default=2048)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", type=Path, help="also write the results here")
+    args = ap.parse_args()
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(f"{args.workload}: {args.requests:,} requests; policies {args.policies}; sizes {args.sizes}; "
+          f"{cores} usable cores, load average {load:.1f}")
+    t0 = time.perf_counter()
+    trace = WORKLOADS[args.workload](args.requests, seed=args.seed)
+    t1 = time.perf_counter()
+    info = trace.describe()
+    print(f"  trace generated   {t1 - t0:6.1f} s  ({info['prompt_tokens']:,} prompt tokens, "
+          f"{info['distinct_segments']:,} segments)")
+    build_plan(trace, checkpoint_every=args.checkpoint_every)
+    t2 = time.perf_counter()
+    print(f"  plan (once)       {t2 - t1:6.1f} s  (replay builds it again below, included in its time)")
+    cpu0 = cpu_seconds()
+    df = lab.replay(trace, args.policies.split(","), args.sizes.split(","), workers=args.workers,
+                    checkpoint_every=args.checkpoint_every)
+    t3 = time.perf_counter()
+    cpu = cpu_seconds() - cpu0
+    print(f"  replay            {t3 - t2:6.1f} s wall, {cpu:.1f} s CPU (all processes)")
+    for row in df.itertuples():
+        print(f"    {row.policy:<9} {format_bytes(row.size_bytes):>10}  {row.seconds:6.1f} s   "
+              f"hit {row.hit_ratio:6.1%}  prefill saved {row.prefill_saved_fraction:6.1%}  "
+              f"evictions {row.evictions:,}")
+    total = t3 - t0
+    print(f"total (generate + replay): {total:.1f} s for {args.requests:,} requests x {len(df)} (policy, size) pairs")
+    if args.json:
+        out = {"workload": args.workload, "requests": args.requests, "cores": cores, "load": load,
+               "generate_s": t1 - t0, "plan_s": t2 - t1, "replay_wall_s": t3 - t2, "replay_cpu_s": cpu,
+               "rows": df.drop(columns=["policy"]).assign(policy=df["policy"].astype(str)).to_dict("records")}
+        args.json.write_text(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+"""A slow, obvious replay of a trace through a real TieredCache with real token ids: the
+reference the eviction lab's fast replay (virtual tokens, SimCache) must agree with."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from workbench.cache import CacheNamespace, RamTier, TieredCache
+from workbench.cache.policies import PolicySpec
+from workbench.notebook.traces import Trace
+
+NS = CacheNamespace("cd" * 32, scope="reference")
+
+
+def reference_replay(trace: Trace, policy: PolicySpec, size_bytes: int, bytes_per_token: int, *,
+                     checkpoint_every: int | None = 2048, block_size: int = 16, min_tokens: int = 16,
+                     saves: tuple[str, ...] = ("checkpoint", "agent_prefix", "prompt", "finish"),
+                     ) -> list[tuple[str, int]]:
+    """(hit kind, prefill tokens saved) per request, following the engine's save rules."""
+    clock = [0.0]
+    cache = TieredCache([RamTier("ram", size_bytes)], policy=policy, clock=lambda: clock[0],
+                        block_size=block_size)
+    step = None
+    if "checkpoint" in saves and checkpoint_every is not None:
+        step = -(-checkpoint_every // block_size) * block_size
+    out = []
+    for i in range(len(trace)):
+        req = trace[i]
+        clock[0] = req.arrival_s
+        prompt = trace.prompt_token_ids(i)
+        plen = len(prompt)
+        match = cache.lookup(NS, prompt)
+        matched = 0
+        if match is not None and cache.get(match.key) is not None:
+            matched = match.n_tokens
+        start = min(matched, plen - 1)
+        kind = "cold" if not matched else "exact" if matched >= plen else "partial"
+        out.append((kind, start))
+        reason = "continued" if matched else "cold"
+
+        def put(n: int, why: str, **kw: Any) -> None:
+            cache.put(NS, prompt[:n], b"\0" * (n * bytes_per_token), why, **kw)
+
+        points: dict[int, tuple[str, dict[str, Any]]] = {}
+        if step:
+            for pos in range(step, plen, step):
+                if pos > start:
+                    points[pos] = (reason, {})
+        if "prompt" in saves and plen >= min_tokens and matched < plen:
+            points[plen] = (reason, {})
+        if "agent_prefix" in saves and req.pin_segments:
+            agent = sum(int(trace.seg_len[s]) for s in req.prompt[:req.pin_segments])
+            if agent > start:
+                points[agent] = ("agent_prefix", {})
+            else:
+                from workbench.cache.keys import row_key
+
+                key = row_key(NS.digest(), prompt[:agent])
+                if key in cache:
+                    cache.pin(key)
+        for pos, (why, kw) in sorted(points.items()):
+            put(pos, why, **kw)
+        if "finish" in saves and req.reply is not None:
+            full = prompt + trace.segment_tokens(req.reply)
+            n = len(full) - 1
+            if n > plen:
+                cache.put(NS, full[:n], b"\0" * (n * bytes_per_token), "finish")
+    return out

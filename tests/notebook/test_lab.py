@@ -1,0 +1,258 @@
+"""The eviction lab without a model: exact outcomes on hand-made traces, agreement with a
+real TieredCache replay (real token ids), libCacheSim's miss counts, user policies, speed."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pandas as pd
+import pytest
+
+from .reference import reference_replay
+from workbench.cache import LRU, S3FIFO, get_policy
+from workbench.cache.types import RowStats
+from workbench.notebook import lab, traces
+from workbench.notebook.plan import build_plan, run_plan
+from workbench.notebook.traces import Trace
+
+EXACT_COLUMNS = ["policy", "size_bytes", "requests", "hits", "exact_hits", "partial_hits", "misses", "hit_ratio",
+                 "miss_ratio", "byte_hit_ratio", "prompt_tokens", "prefill_tokens_saved", "prefill_saved_fraction",
+                 "rows_saved", "saves_too_large", "evictions", "evicted_bytes", "rows_end", "bytes_end", "seconds"]
+
+
+# --- hand-made traces: exact hits and misses ------------------------------------------------
+
+def test_tiny_trace_exact_partial_and_cold() -> None:
+    a = list(range(100, 140))           # 40 tokens
+    b = a + list(range(200, 220))       # extends a: partial hit of 40
+    c = list(range(300, 330))           # unrelated: cold
+    trace = Trace.from_prompts([a, a, b, c, b])
+    df = lab.replay(trace, ["lru"], [10**6], bytes_per_token=1, checkpoint_every=None, workers=1)
+    row = df.iloc[0]
+    # a: cold (saves a); a: exact; b: partial 40 (saves b); c: cold; b: exact
+    assert (row.misses, row.exact_hits, row.partial_hits) == (2, 2, 1)
+    assert row.prompt_tokens == 40 + 40 + 60 + 30 + 60
+    # saved = min(matched, prompt - 1): 0 + 39 + 40 + 0 + 59
+    assert row.prefill_tokens_saved == 138
+    assert row.byte_hit_ratio == pytest.approx((40 + 40 + 60) / 230)
+    assert row.rows_saved == 3 and row.evictions == 0
+
+
+def test_checkpoints_make_a_shared_prefix_reusable() -> None:
+    doc = list(range(1000, 1064))                         # 64 tokens shared
+    q1, q2 = doc + [5, 6, 7], doc + [8, 9, 10, 11]
+    trace = Trace.from_prompts([q1, q2])
+    plain = lab.replay(trace, ["lru"], [10**6], bytes_per_token=1, checkpoint_every=None, workers=1).iloc[0]
+    every32 = lab.replay(trace, ["lru"], [10**6], bytes_per_token=1, checkpoint_every=32, workers=1).iloc[0]
+    assert plain.misses == 2                              # the saved prompt q1 is not a prefix of q2
+    assert every32.partial_hits == 1 and every32.prefill_tokens_saved == 64  # checkpoint at 32 and 64
+
+
+def test_eviction_order_lru_with_small_budget() -> None:
+    x, y, z = [1] * 20, [2] * 20, [3] * 20
+    # budget of two 20-token rows: x y x z (evicts y, the least recently used) y (miss) x (hit)
+    trace = Trace.from_prompts([x, y, x, z, y, x])
+    got = run_plan(build_plan(trace, checkpoint_every=None), get_policy("lru"), 40, 1, record=True)["_requests"]
+    assert [k for k, _ in got] == ["cold", "cold", "exact", "cold", "cold", "cold"]
+    got = run_plan(build_plan(trace, checkpoint_every=None), get_policy("lfu"), 40, 1, record=True)["_requests"]
+    assert [k for k, _ in got] == ["cold", "cold", "exact", "cold", "cold", "exact"]  # x has a hit: kept
+
+
+def test_finish_row_serves_the_next_chat_turn() -> None:
+    trace = traces.multi_turn_chats(3, seed=1, concurrency=1, turns=(3, 3), system_tokens=(20, 20),
+                                    user_tokens=(5, 5), reply_tokens=(7, 7))
+    got = run_plan(build_plan(trace, checkpoint_every=None), get_policy("lru"), 10**9, 1, record=True)["_requests"]
+    # turn 2's prompt = turn 1's prompt (25) + reply (7) + user (5); the finish row holds
+    # the prompt and the reply without its end token: 25 + 6 tokens
+    assert got == [("cold", 0), ("partial", 31), ("partial", 31 + 1 + 5 + 6)]
+
+
+def test_agent_prefix_is_pinned_and_survives_pressure() -> None:
+    trace = traces.agent_tasks(60, seed=2, agents=1, prefix_tokens=(50, 50), task_tokens=(5, 30),
+                               action_tokens=(3, 9), observation_tokens=(5, 40), concurrency=8)
+    size = 400  # tokens; a few rows at most
+    with_pin = lab.replay(trace, ["lru"], [size], bytes_per_token=1, checkpoint_every=None, workers=1).iloc[0]
+    without = lab.replay(trace, ["lru"], [size], bytes_per_token=1, checkpoint_every=None, workers=1,
+                         saves=("prompt", "finish")).iloc[0]
+    assert with_pin.misses == 1  # only the very first request: every later one starts with the pinned prefix
+    assert without.misses > with_pin.misses
+
+
+# --- agreement with the real cache ------------------------------------------------------------
+
+SMALL_CHATS = dict(system_tokens=(20, 60), user_tokens=(3, 30), reply_tokens=(3, 40), turns=(1, 6), concurrency=6)
+CASES = {
+    "chats": (lambda: traces.multi_turn_chats(300, seed=3, **SMALL_CHATS), 32),
+    "agents": (lambda: traces.agent_tasks(300, seed=4, agents=3, prefix_tokens=(40, 90), task_tokens=(3, 20),
+                                          action_tokens=(2, 15), observation_tokens=(5, 40), concurrency=5), 48),
+    "rag": (lambda: traces.rag_queries(300, seed=5, documents=40, doc_tokens=(10, 60), system_tokens=12,
+                                       query_tokens=(3, 12), reply_tokens=(2, 20)), 32),
+}
+
+
+@pytest.mark.parametrize("policy", ["lru", "lfu", "frecency", "gdsf", "s3fifo"])
+@pytest.mark.parametrize("workload", sorted(CASES))
+def test_same_outcomes_as_a_real_tiered_cache(workload: str, policy: str) -> None:
+    """Virtual tokens + SimCache give, request by request, the hit kind and saved prefill
+    of a TieredCache fed the real token ids (the slow reference in reference.py)."""
+    make, every = CASES[workload]
+    trace = make()
+    for size in (600, 2500):
+        ours = run_plan(build_plan(trace, checkpoint_every=every), get_policy(policy), size, 1, record=True)
+        ref = reference_replay(trace, policy, size, 1, checkpoint_every=every)
+        assert ours["_requests"] == ref
+    assert any(kind != "cold" for kind, _ in ref)
+
+
+# --- libCacheSim -------------------------------------------------------------------------------
+
+def reference_misses(name: str, cache_size: int, objects: list[int], size_of) -> int:  # type: ignore[no-untyped-def]
+    import libcachesim as lcs
+
+    cache = getattr(lcs, name)(cache_size=cache_size)
+    return sum(not cache.get(lcs.Request(obj_size=size_of(o), obj_id=o + 1)) for o in objects)
+
+
+def mixed_size(obj: int) -> int:
+    return 1 + (obj * 2654435761) % 4
+
+
+@pytest.mark.parametrize("size_of, sizes", [(lambda o: 1, [20, 100, 400]), (mixed_size, [100, 300])],
+                         ids=["unit", "mixed"])
+def test_miss_ratio_equals_libcachesim(size_of, sizes) -> None:  # type: ignore[no-untyped-def]
+    """Single-segment requests (one object each) through replay: the miss ratio of lru and
+    s3fifo equals libCacheSim's LRU and S3FIFO on the same Zipf trace (sizes stay below
+    S3-FIFO's small queue, which libCacheSim would refuse)."""
+    objects = traces.zipf_objects(12_000, 1_500, alpha=1.0, seed=42)
+    trace = traces.object_trace(objects, size_of)
+    df = lab.replay(trace, ["lru", "s3fifo"], sizes, bytes_per_token=1, min_tokens=1, checkpoint_every=None,
+                    workers=1)
+    for row in df.itertuples():
+        expected = reference_misses({"lru": "LRU", "s3fifo": "S3FIFO"}[row.policy], row.size_bytes, objects, size_of)
+        assert row.misses == expected
+        assert row.miss_ratio == expected / len(objects)
+
+
+# --- policies given every way ------------------------------------------------------------------
+
+def test_user_function_class_and_instance_policies() -> None:
+    trace = traces.multi_turn_chats(400, seed=7, **SMALL_CHATS)
+
+    def oldest_first(row: RowStats, now: float) -> float:
+        return row.last_used_at
+
+    stateful = S3FIFO()
+    df = lab.replay(trace, ["lru", oldest_first, LRU, stateful, lambda row, now: -row.n_tokens],
+                    [800, 3000], bytes_per_token=1, checkpoint_every=32, workers=1)
+    assert list(df["policy"].cat.categories) == ["lru", "oldest_first", "lru#2", "s3fifo", "custom"]
+    by = df.set_index(["policy", "size_bytes"])
+    for size in (800, 3000):
+        # a function computing LRU's priority evicts exactly as LRU does
+        assert by.loc[("oldest_first", size), "misses"] == by.loc[("lru", size), "misses"]
+        assert by.loc[("lru#2", size), "misses"] == by.loc[("lru", size), "misses"]
+    assert len(stateful.small) == 0 and len(stateful.main) == 0  # the instance was copied, not used
+    # largest first is a different policy: it must change something at the small size
+    assert by.loc[("custom", 800), "evictions"] != by.loc[("lru", 800), "evictions"]
+
+
+def test_time_invariant_function_takes_the_fast_path_with_the_same_result() -> None:
+    trace = traces.multi_turn_chats(300, seed=8, **SMALL_CHATS)
+
+    def by_hits(row: RowStats, now: float) -> float:
+        return float(row.hits)
+
+    fast = lambda row, now: float(row.hits)  # noqa: E731
+    fast.time_invariant = True  # type: ignore[attr-defined]
+    from workbench.notebook.simcache import SimCache
+
+    assert SimCache(get_policy(fast), 10).mode == "event"
+    assert SimCache(get_policy(by_hits), 10).mode == "pure"
+    df = lab.replay(trace, [by_hits, fast, "lfu"], [900], bytes_per_token=1, checkpoint_every=32, workers=1)
+    assert df["misses"].nunique() == 1 and df["evictions"].nunique() == 1
+
+
+def test_unknown_policy_and_bad_arguments() -> None:
+    trace = Trace.from_prompts([[1, 2, 3]])
+    with pytest.raises(ValueError, match="unknown eviction policy 'nope'; valid:"):
+        lab.replay(trace, ["nope"], [100])
+    with pytest.raises(ValueError, match="unknown save kind"):
+        lab.replay(trace, ["lru"], [100], saves=("finish", "everything"))
+    with pytest.raises(ValueError, match="not a byte size"):
+        lab.replay(trace, ["lru"], ["lots"])
+    with pytest.raises(ValueError, match="bytes_per_token"):
+        lab.replay(trace, ["lru"], [100], bytes_per_token=0)
+
+
+# --- output -------------------------------------------------------------------------------------
+
+def test_dataframe_shape_dtypes_and_timeline() -> None:
+    trace = traces.rag_queries(500, seed=9, documents=30, doc_tokens=(20, 80))
+    df = lab.replay(trace, ["lru", "gdsf"], ["1MiB", 4 << 20], checkpoint_every=64, workers=1)
+    assert list(df.columns) == EXACT_COLUMNS
+    assert isinstance(df["policy"].dtype, pd.CategoricalDtype)
+    assert df["size_bytes"].dtype == "int64" and df["misses"].dtype == "int64"
+    assert df["hit_ratio"].dtype == "float64"
+    assert list(df["size_bytes"]) == [1 << 20, 4 << 20, 1 << 20, 4 << 20]
+    assert ((df["hit_ratio"] + df["miss_ratio"]) - 1).abs().max() < 1e-12
+    assert (df["bytes_end"] <= df["size_bytes"]).all()
+    tl = df.attrs["timeline"]
+    assert set(tl["policy"].astype(str)) == {"lru", "gdsf"}
+    last = tl.groupby(["policy", "size_bytes"], observed=True).last()
+    for row in df.itertuples():
+        assert last.loc[(row.policy, row.size_bytes), "evictions"] == row.evictions
+        assert last.loc[(row.policy, row.size_bytes), "misses"] == row.misses
+    assert df.attrs["params"]["checkpoint_every"] == 64
+
+
+def test_default_sizes_span_the_footprint() -> None:
+    trace = traces.multi_turn_chats(200, seed=10, **SMALL_CHATS)
+    df = lab.replay(trace, ["lru"], workers=1)
+    footprint = df.attrs["params"]["footprint_bytes"]
+    assert len(df) == 8
+    assert df["size_bytes"].min() >= footprint * 0.004 and df["size_bytes"].max() <= footprint * 0.5 + 1
+    assert df["miss_ratio"].is_monotonic_decreasing  # LRU is a stack algorithm on this trace
+
+
+def test_forked_workers_give_the_same_numbers() -> None:
+    trace = traces.multi_turn_chats(6_000, seed=11)
+    unpicklable = lambda row, now: row.last_used_at  # noqa: E731 - lambdas do not pickle
+    kw = dict(sizes=["256MiB", "1GiB"], workers=1)
+    serial = lab.replay(trace, ["lru", "s3fifo", unpicklable], **kw)
+    forked = lab.replay(trace, ["lru", "s3fifo", unpicklable], **{**kw, "workers": 2})
+    cols = [c for c in EXACT_COLUMNS if c != "seconds"]
+    pd.testing.assert_frame_equal(serial[cols], forked[cols])
+
+
+def test_plots_return_figures() -> None:
+    from matplotlib.figure import Figure
+
+    from workbench.notebook import plots
+
+    trace = traces.multi_turn_chats(300, seed=12, **SMALL_CHATS)
+    df = lab.replay(trace, ["lru", "s3fifo"], [500, 1500, 5000], bytes_per_token=1, workers=1)
+    fig = lab.plot_miss_ratio_curves(df)
+    assert isinstance(fig, Figure) and len(fig.axes[0].lines) == 2
+    assert isinstance(plots.miss_ratio_curves(df, metric="prefill_saved_fraction"), Figure)
+    tl_fig = plots.eviction_timeline(df)
+    assert isinstance(tl_fig, Figure) and len(tl_fig.axes[0].lines) == 4  # evictions + hits per policy
+    with pytest.raises(ValueError, match="no column"):
+        plots.miss_ratio_curves(df, metric="nope")
+
+
+# --- speed --------------------------------------------------------------------------------------
+
+def test_speed_of_a_100k_request_replay(capsys: pytest.CaptureFixture[str]) -> None:
+    """100,000 chat requests through the 5 policies at one budget; the time is printed (the
+    machine's load varies too much to assert it). bench/bench_replay.py measures more."""
+    t0 = time.perf_counter()
+    trace = traces.multi_turn_chats(100_000, seed=0)
+    t1 = time.perf_counter()
+    df = lab.replay(trace, lab.DEFAULT_POLICIES, ["8GiB"])
+    t2 = time.perf_counter()
+    with capsys.disabled():
+        print(f"\n100k-request chat trace: generated in {t1 - t0:.1f} s, replayed through "
+              f"{len(df)} policies in {t2 - t1:.1f} s wall (per policy, s: "
+              + ", ".join(f"{p} {s:.1f}" for p, s in zip(df['policy'], df['seconds'])) + ")")
+    assert len(df) == 5 and (df["requests"] == 100_000).all()
+    assert not math.isnan(df["hit_ratio"].sum())

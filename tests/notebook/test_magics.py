@@ -1,0 +1,241 @@
+"""The IPython extension driven through InteractiveShell.run_cell, as a notebook would:
+usage errors, plain-text output, results under --as, the kernel's Interrupt."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Any
+
+import pytest
+from IPython.core.error import UsageError
+
+import workbench as wb
+from .conftest import magics_of
+from workbench.cache import CacheNamespace, RamTier, TieredCache
+from workbench.engine.events import Token
+from workbench.engine.stream import Stream
+from workbench.notebook.magics import interpolate
+
+
+def usage_error(result: Any) -> str:
+    assert isinstance(result.error_in_exec, UsageError), result.error_in_exec
+    return str(result.error_in_exec)
+
+
+# --- without a model ------------------------------------------------------------------------
+
+def test_load_ext_registers_and_unload_removes(ip: Any) -> None:
+    assert "wb" in ip.magics_manager.magics["line"]
+    assert {"generate", "chat"} <= set(ip.magics_manager.magics["cell"])
+    ip.run_cell("%unload_ext workbench")
+    assert "wb" not in ip.magics_manager.magics["line"]
+    assert ip.run_cell("%load_ext workbench.notebook").success
+    assert "generate" in ip.magics_manager.magics["cell"]
+
+
+def test_help_and_unknown_commands(ip: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    ip.run_cell("%wb help")
+    out = capsys.readouterr().out
+    for usage in ("%wb load [--id ID] [--n-ctx N] [--n-seq-max N] [PATH|default]", "%wb evict", "%wb pin"):
+        assert usage in out
+    assert "unknown %wb command 'frobnicate'" in usage_error(ip.run_cell("%wb frobnicate"))
+    assert "invalid int value: 'many'" in usage_error(ip.run_cell("%wb load default --n-ctx many"))
+    assert "unrecognized arguments: --bogus" in usage_error(ip.run_cell("%wb models --bogus"))
+
+
+def test_load_errors_name_the_reason(ip: Any) -> None:
+    msg = usage_error(ip.run_cell("%wb load /no/such/model.gguf"))
+    assert "/no/such/model.gguf" in msg
+    msg = usage_error(ip.run_cell("%wb load default --n-seq-max 0"))
+    assert "n_seq_max" in msg and "0" in msg
+    assert "is not loaded" in usage_error(ip.run_cell("%wb unload nbtest-missing"))
+
+
+def test_cache_commands_on_a_cache_variable(ip: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    tick = itertools.count()
+    cache = TieredCache([RamTier("ram", 1000)], policy="lru", clock=lambda: float(next(tick)))
+    ns = CacheNamespace("ab" * 32)
+    k1 = cache.put(ns, [1, 2, 3], b"x" * 300)
+    k2 = cache.put(ns, [4, 5], b"y" * 200)
+    ip.user_ns["nbtest_cache"] = cache
+    rows = ip.run_cell("%wb cache --cache nbtest_cache").result
+    assert list(rows.index) == [k1, k2]
+    assert ip.run_cell("%wb tiers --cache nbtest_cache").result.loc["ram", "used_bytes"] == 500
+    ip.run_cell(f"%wb pin {k1[:10]} --cache nbtest_cache")
+    assert f"pinned {k1[:10]}" in capsys.readouterr().out
+    assert cache.rows()[0]["pinned"]
+    ip.run_cell("%wb evict 100 --cache nbtest_cache")
+    assert "freed 200 B" in capsys.readouterr().out  # the unpinned row went, the pinned one stayed
+    assert list(cache.keys()) == [k1]
+    assert "not a byte size" in usage_error(ip.run_cell("%wb evict lots --cache nbtest_cache"))
+    assert "no cached row 'ffff'" in usage_error(ip.run_cell("%wb pin ffff --cache nbtest_cache"))
+    assert "not a variable holding" in usage_error(ip.run_cell("%wb cache --cache nbtest_nothing"))
+    counters = ip.run_cell("%wb counters --cache nbtest_cache").result
+    assert counters.loc[("cache", "evictions_ram"), "value"] == 1
+
+
+def test_generate_without_a_model(ip: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(wb, "list_models", lambda: [])
+    assert "no model is loaded" in usage_error(ip.run_cell("%%generate\nHello"))
+    assert "no model is loaded" in usage_error(ip.run_cell("%wb cache"))
+
+
+def test_interpolation() -> None:
+    ns = {"topic": "the moon", "n": 3, "d": {"k": [10, 20]}, "x": 0.5}
+    assert interpolate("About {topic}, {n!r} times, {d[k]}, {x:.2f}", ns) == "About the moon, 3 times, [10, 20], 0.50"
+    assert interpolate('JSON stays: {"a": {"b": 1}} and {{topic}}', ns) == 'JSON stays: {"a": {"b": 1}} and {topic}'
+    with pytest.raises(UsageError, match=r"\{nope\}"):
+        interpolate("Hi {nope}", ns)
+
+
+# --- with the model -----------------------------------------------------------------------------
+
+@pytest.fixture
+def shell(ip: Any, model: str) -> Any:
+    magics_of(ip).current_model = model
+    return ip
+
+
+@pytest.mark.model
+def test_generate_prints_text_and_stores_the_result(shell: Any, model: str,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    shell.user_ns["nbtest_city"] = "Paris"
+    r = shell.run_cell("%%generate --max-tokens 12 --seed 3 --as nbtest_r\n"
+                       "The capital of France is {nbtest_city}? Answer:")
+    assert r.success, r.error_in_exec
+    res = shell.user_ns["nbtest_r"]
+    out = capsys.readouterr().out
+    assert res.reply and res.reply in out
+    assert f"[{res.cache_hit_kind}] ttft" in out and res.finish_reason in out.splitlines()[-1]
+    assert res.stats.prompt_tokens > 8 and res.model == model
+    # same greedy prompt as complete() gives the same reply
+    direct = wb.complete(model, "The capital of France is Paris? Answer:", response_tokens=12)
+    assert direct.reply == res.reply
+    assert shell.run_cell("%wb history").result["ref"].iloc[-1] == res.ref
+
+
+@pytest.mark.model
+def test_generate_default_var_stop_and_no_stream(shell: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    assert shell.run_cell("%%generate --max-tokens 40 --stop , \\n\nList three fruits:").success
+    res = shell.user_ns["_wb"]
+    assert "," not in res.reply and res.finish_reason in ("stop", "length")
+    capsys.readouterr()
+    assert shell.run_cell("%%generate --no-stream --max-tokens 5 --as nbtest_q\nOne, two,").success
+    q = shell.user_ns["nbtest_q"]
+    assert q.stats.generated_tokens <= 5 and q.reply in capsys.readouterr().out
+
+
+@pytest.mark.model
+def test_generate_usage_errors(shell: Any) -> None:
+    assert "temperature" in usage_error(shell.run_cell("%%generate --temperature -1\nHi"))
+    assert "invalid int value: 'x'" in usage_error(shell.run_cell("%%generate --max-tokens x\nHi"))
+    assert "the cell is empty" in usage_error(shell.run_cell("%%generate\n   "))
+    assert "{nbtest_undefined}" in usage_error(shell.run_cell("%%generate\nHi {nbtest_undefined}"))
+    assert "not a valid variable name" in usage_error(shell.run_cell("%%generate --as 1x\nHi"))
+    assert "neither a variable" in usage_error(shell.run_cell("%%generate --grammar nbtest_nogrammar\nHi"))
+    assert "is not loaded" in usage_error(shell.run_cell("%%generate --model nbtest-none\nHi"))
+    shell.user_ns["nbtest_schema"] = 42
+    assert "json_schema" in usage_error(shell.run_cell("%%generate --json-schema nbtest_schema\nHi"))
+
+
+@pytest.mark.model
+def test_generate_with_grammar_variable(shell: Any) -> None:
+    shell.user_ns["nbtest_yesno"] = 'root ::= "yes" | "no"'
+    assert shell.run_cell("%%generate --grammar nbtest_yesno --max-tokens 4 --as nbtest_g\nIs water wet?").success
+    assert shell.user_ns["nbtest_g"].reply in ("yes", "no")
+
+
+@pytest.mark.model
+def test_interrupt_cancels_the_request(shell: Any, monkeypatch: pytest.MonkeyPatch,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """A KeyboardInterrupt while the stream is consumed (the kernel's Interrupt after two
+    tokens): the request is cancelled, the output says so, the partial Result is stored."""
+    real_next = Stream.__next__
+    seen = {"tokens": 0, "raised": False}
+
+    def interrupted_next(self: Stream) -> Any:
+        ev = real_next(self)
+        if isinstance(ev, Token):
+            seen["tokens"] += 1
+            if seen["tokens"] == 2 and not seen["raised"]:
+                seen["raised"] = True
+                raise KeyboardInterrupt
+        return ev
+
+    monkeypatch.setattr(Stream, "__next__", interrupted_next)
+    cancelled_before = wb.counters()["finished_cancelled"]
+    r = shell.run_cell("%%generate --max-tokens 300 --ignore-eos --as nbtest_i\nCount from one to one thousand:")
+    assert isinstance(r.error_in_exec, KeyboardInterrupt)
+    res = shell.user_ns["nbtest_i"]
+    assert res.finish_reason == "cancelled" and res.cancelled
+    assert 2 <= res.stats.generated_tokens < 300
+    assert wb.counters()["finished_cancelled"] == cancelled_before + 1
+    out = capsys.readouterr().out
+    assert "[cancelled" in out and "· cancelled" in out
+    assert wb.requests() == [] or all(q["ref"] != res.ref for q in wb.requests())
+
+
+@pytest.mark.model
+def test_background_generation(shell: Any) -> None:
+    assert shell.run_cell("%%generate --background --max-tokens 8 --as nbtest_bg\nHello there").success
+    deadline = time.monotonic() + 60
+    while shell.user_ns.get("nbtest_bg") is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    res = shell.user_ns["nbtest_bg"]
+    assert res is not None and res.ok and res.stats.generated_tokens <= 8
+
+
+@pytest.mark.model
+def test_sessions_make_the_second_turn_sticky(shell: Any, model: str) -> None:
+    cell = "%%generate --session nbtest-s --max-tokens 4 --as nbtest_t{n}\nTell me a story about a cat{tail}"
+    assert shell.run_cell(cell.format(n=1, tail="")).success
+    first = shell.user_ns["nbtest_t1"]
+    turn2 = "Tell me a story about a cat" + first.reply + " and a dog"
+    assert shell.run_cell(f"%%generate --session nbtest-s --max-tokens 4 --as nbtest_t2\n{turn2}").success
+    second = shell.user_ns["nbtest_t2"]
+    assert second.cache_hit_kind in ("sticky", "partial", "exact")
+    assert second.stats.prefilled_tokens < second.stats.prompt_tokens
+    wb.end_session(model, "nbtest-s")
+
+
+@pytest.mark.model
+def test_wb_commands_with_the_model(shell: Any, model: str, capsys: pytest.CaptureFixture[str]) -> None:
+    models = shell.run_cell("%wb models").result
+    assert model in models.index
+    counters = shell.run_cell("%wb counters").result
+    assert ("engine", "decode_calls") in counters.index
+    cache = shell.run_cell("%wb cache")
+    if cache.error_in_exec is not None:  # an engine without its prefix cache
+        assert "no KV prefix cache" in usage_error(cache)
+    else:
+        assert cache.result.index.name == "key"
+    shell.run_cell("%wb mode")
+    assert "display mode: text" in capsys.readouterr().out
+
+
+@pytest.mark.model
+def test_load_and_unload_through_the_magic(ip: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    assert ip.run_cell("%wb load default --id nbtest-load --n-ctx 512 --n-seq-max 2").success
+    assert "loaded 'nbtest-load'" in capsys.readouterr().out
+    try:
+        info = wb.model_info("nbtest-load")
+        assert info["n_seq_max"] == 2 and info["n_ctx"] == 512
+        assert magics_of(ip).current_model == "nbtest-load"
+        assert "already" in usage_error(ip.run_cell("%wb load default --id nbtest-load")).lower()
+    finally:
+        assert ip.run_cell("%wb unload nbtest-load").success
+    assert magics_of(ip).current_model is None
+
+
+@pytest.mark.model
+def test_chat_magic(shell: Any) -> None:
+    r = shell.run_cell("%%chat --max-tokens 12 --as nbtest_c\nSay hello.")
+    if not hasattr(wb, "chat"):
+        assert usage_error(r) == "chat is not available yet"
+        return
+    assert r.success, r.error_in_exec
+    res = shell.user_ns["nbtest_c"]
+    assert res.ok and res.reply and res.stats.generated_tokens <= 12
+    history = magics_of(shell).chats
+    assert any(m["role"] == "assistant" for conv in history.values() for m in conv)

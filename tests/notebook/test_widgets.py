@@ -1,0 +1,184 @@
+"""The live views, fed events directly: the widget's traits, the plain-text twin, the
+Result's reprs. One real-model test: the Cancel button cancels the running request."""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+
+import pytest
+
+import workbench as wb
+from workbench.engine.events import CompletionResult, Done, Error, Stats, Token, TokenId
+from workbench.notebook import widgets
+from workbench.notebook.results import HIT_COLOURS, Result
+from workbench.notebook.widgets import GenerationWidget, TextView
+
+
+def stats(kind: str = "partial", **kw: object) -> Stats:
+    base = dict(prompt_tokens=40, generated_tokens=3, prefilled_tokens=8, ttft_s=0.0421, prefill_s=0.01,
+                prefill_tps=800.0, decode_s=0.02, decode_tps=100.0, total_s=0.07, queued_s=0.0, seed=1,
+                cache_hit_kind=kind, cache_delta={"read": 32, "created": 1})
+    base.update(kw)
+    return Stats(**base)  # type: ignore[arg-type]
+
+
+def done(reply: str = "Hello world", reason: str = "stop", kind: str = "partial") -> Done:
+    return Done(reply, (1, 2, 3), (9, 1, 2, 3), reason, None, stats(kind))  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class Thinking:  # stands in for the engine's event (matched by class name, getattr-safe)
+    text: str
+
+
+@dataclass(frozen=True)
+class ThinkingEnd:
+    signature: str = ""
+
+
+def feed(view: object, events: list[object]) -> None:
+    for ev in events:
+        view.feed(ev)  # type: ignore[attr-defined]
+
+
+def test_widget_streams_then_shows_hit_kind_and_stats() -> None:
+    w = GenerationWidget("m", throttle_s=0.0)
+    assert w.box.box_style == "info" and "running" in w.state.value
+    feed(w, [TokenId(1), Token("Hello")])
+    assert "Hello" in w.reply.value and "running · 1 token<" in w.stats.value
+    feed(w, [TokenId(2), Token(" world")])
+    assert "Hello world" in w.reply.value and "running · 2 tokens" in w.stats.value
+    feed(w, [done()])
+    assert "Hello world" in w.reply.value
+    assert "partial" in w.badge.value and HIT_COLOURS["partial"] in w.badge.value
+    assert "ttft 42 ms" in w.stats.value and "100.0 tok/s" in w.stats.value
+    assert "cache read 32 / created 1" in w.stats.value and "stop" in w.stats.value
+    assert w.box.box_style == "success" and "done" in w.state.value
+    assert w.cancel_button.disabled
+    assert w.thinking_box.layout.display == "none"  # no thinking events: the block stays hidden
+
+
+def test_each_hit_kind_has_its_own_colour() -> None:
+    assert len(set(HIT_COLOURS.values())) == 4
+    for kind in ("cold", "partial", "exact", "sticky"):
+        w = GenerationWidget()
+        feed(w, [done(kind=kind)])
+        assert HIT_COLOURS[kind] in w.badge.value and f"wb-hit-{kind}" in w.badge.value
+
+
+def test_thinking_block_fills_and_collapses() -> None:
+    w = GenerationWidget(throttle_s=0.0)
+    feed(w, [Thinking("Let me think. "), Thinking("Two plus two.")])
+    assert w.thinking_box.layout.display is None  # shown
+    assert "Let me think. Two plus two." in w.thinking.value
+    assert w.thinking_box.titles == ("thinking",)
+    feed(w, [ThinkingEnd(), Token("4"), done("4")])
+    assert w.thinking_box.selected_index is None and "4" in w.reply.value
+
+
+def test_errors_are_marked_like_a_danger_bar() -> None:
+    w = GenerationWidget(throttle_s=0.0)
+    feed(w, [Token("part"), Error(wb.errors.DecodeFailed("llama_decode returned -3"))])
+    assert w.box.box_style == "danger" and "error" in w.state.value
+    assert "DecodeFailed" in w.stats.value and "part" in w.reply.value
+    result = w.transcript.result(7)
+    assert not result.ok and result.finish_reason == "error" and result.reply == "part"
+
+
+def test_cancelled_state_and_the_cancel_button_callback() -> None:
+    calls = []
+    w = GenerationWidget(on_cancel=lambda: calls.append(1))
+    w.cancel_button.click()
+    assert calls == [1] and w.cancel_button.disabled
+    feed(w, [Token("abc"), done("abc", reason="cancelled", kind="cold")])
+    assert w.box.box_style == "warning" and "cancelled" in w.state.value
+
+
+def test_text_view_says_the_same_things() -> None:
+    out = io.StringIO()
+    v = TextView("m", out=out)
+    feed(v, [Thinking("hmm"), ThinkingEnd(), TokenId(1), Token("Hello"), Token(" world"), done()])
+    text = out.getvalue()
+    assert text.startswith("[thinking] hmm\n[/thinking]\nHello world\n")
+    assert "[partial] ttft 42 ms · 100.0 tok/s · 40 prompt (8 prefilled) + 3 generated · cache read 32 / " \
+           "created 1 · stop" in text
+    out2 = io.StringIO()
+    v2 = TextView(out=out2)
+    feed(v2, [Token("x"), Error(ValueError("boom"))])
+    assert out2.getvalue() == "x\n[error] error: ValueError: boom\n"
+
+
+def test_result_reprs() -> None:
+    raw = CompletionResult.from_done(done("Paris <b>", kind="exact"), "m", 12)
+    r = Result.of(raw, thinking="capital of France")
+    assert r.reply == "Paris <b>" and r.cache_hit_kind == "exact" and r.finish_reason == "stop"
+    assert r.tokens == (1, 2, 3)  # read through from the CompletionResult
+    html = r._repr_html_()
+    assert "Paris &lt;b&gt;" in html and HIT_COLOURS["exact"] in html and "<details>" in html
+    assert "ttft 42 ms" in html
+    assert repr(r).startswith("<Result model='m' ref=12 finish=stop hit=exact reply='Paris <b>'")
+    from IPython.lib.pretty import pretty
+
+    text = pretty(r)
+    assert "[thinking] capital of France" in text and "[exact] ttft 42 ms" in text
+    failed = Result("par", error=RuntimeError("x"), model="m")
+    assert "error: RuntimeError: x" in failed.as_text() and failed.stats is None
+
+
+def test_display_mode_selection(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(widgets.DISPLAY_ENV, raising=False)
+    assert not widgets.widgets_available()  # no Jupyter kernel here
+    monkeypatch.setenv(widgets.DISPLAY_ENV, "widget")
+    assert widgets.widgets_available()
+    assert isinstance(widgets.make_view("m"), GenerationWidget)
+    monkeypatch.setenv(widgets.DISPLAY_ENV, "text")
+    assert isinstance(widgets.make_view("m"), TextView)
+    with pytest.raises(ValueError):
+        widgets.set_display_mode("fancy")
+
+
+@pytest.mark.model
+def test_cancel_button_cancels_the_request(model: str) -> None:
+    s = wb.stream(model, "Write a very long story about a dragon:", response_tokens=400, ignore_eos=True)
+    w = GenerationWidget(model)
+    w.bind(s)
+    assert f"#{s.ref}" in w.title.value
+    first = next(s)
+    w.feed(first)
+    w.cancel_button.click()  # -> workbench.cancel(stream)
+    result = widgets.consume(s, w)
+    assert result.finish_reason == "cancelled" and result.stats.generated_tokens < 400
+    assert w.box.box_style == "warning"
+
+
+def test_display_bundle_carries_the_text_too() -> None:
+    w = GenerationWidget("m", throttle_s=0.0)
+    feed(w, [Thinking("hmm"), ThinkingEnd(), Token("Hi"), done("Hi", kind="sticky")])
+    assert w.as_text() == ("[thinking] hmm\nHi\n[sticky] ttft 42 ms · 100.0 tok/s · 40 prompt (8 prefilled) + "
+                           "3 generated · cache read 32 / created 1 · stop")
+    bundle = widgets._Shown(w)._repr_mimebundle_()
+    assert bundle["text/plain"] == w.as_text()
+    assert bundle["application/vnd.jupyter.widget-view+json"]["model_id"] == w.box.model_id
+
+
+@pytest.mark.model
+def test_cancel_button_on_a_chat_stream(model: str) -> None:
+    if not hasattr(wb, "chat_stream"):
+        pytest.skip("no chat_stream in this build")
+    s = wb.chat_stream(model, [{"role": "user", "content": "Write a long poem about the sea."}],
+                       response_tokens=300, ignore_eos=True)
+    w = GenerationWidget(model)
+    w.bind(s)
+    w.feed(next(s))
+    w.cancel_button.click()  # -> workbench.cancel(ref): a ChatStream is not a Stream
+    result = widgets.consume(s, w)
+    assert result.finish_reason == "cancelled" and result.stats.generated_tokens < 300
+
+
+def test_thinking_opens_while_it_streams() -> None:
+    w = GenerationWidget(throttle_s=0.0)
+    feed(w, [Thinking("step one")])
+    assert w.thinking_box.selected_index == 0
+    feed(w, [ThinkingEnd()])
+    assert w.thinking_box.selected_index is None

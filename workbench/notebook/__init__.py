@@ -1,0 +1,53 @@
+"""The notebook layer: IPython magics, live widgets, pandas views, plots, the eviction lab.
+
+    %load_ext workbench            # or %load_ext workbench.notebook
+    %wb load default
+    %%generate --max-tokens 32 --as r
+    Tell me about {topic}
+
+    from workbench.notebook import lab, traces, views, plots
+    df = lab.replay(traces.multi_turn_chats(10_000), sizes=["1GiB", "4GiB", "16GiB"])
+    lab.plot_miss_ratio_curves(df)
+
+Modules are imported on first use, so `import workbench.notebook` needs neither pandas,
+matplotlib nor ipywidgets.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__all__ = ["Result", "lab", "load_ipython_extension", "magics", "plot_miss_ratio_curves", "plots", "replay",
+           "traces", "unload_ipython_extension", "views", "widgets"]
+
+_MODULES = {"commands", "lab", "magics", "plan", "plots", "results", "simcache", "traces", "units", "views",
+            "widgets"}
+_NAMES = {"Result": "results", "replay": "lab", "plot_miss_ratio_curves": "lab"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _MODULES:
+        return importlib.import_module(f"{__name__}.{name}")
+    if name in _NAMES:
+        return getattr(importlib.import_module(f"{__name__}.{_NAMES[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """`%load_ext workbench.notebook`: register %wb, %%generate and %%chat."""
+    from workbench.notebook.magics import WorkbenchMagics
+
+    ipython.register_magics(WorkbenchMagics(ipython))
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    """Remove the magics again (`%unload_ext`)."""
+    from workbench.notebook.magics import WorkbenchMagics
+
+    registry = ipython.magics_manager.registry
+    magics = ipython.magics_manager.magics
+    for kind, names in (("line", WorkbenchMagics.line_names), ("cell", WorkbenchMagics.cell_names)):
+        for name in names:
+            magics[kind].pop(name, None)
+    registry.pop("WorkbenchMagics", None)

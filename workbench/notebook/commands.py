@@ -1,0 +1,192 @@
+"""The `%wb` subcommands: one plain function per command, each with its own
+magic_arguments parser, called by `WorkbenchMagics.wb` with the parsed arguments.
+
+    %wb load [PATH|default] [--id ID] [--n-ctx N] [--n-seq-max N]
+    %wb models | unload ID | counters | history | mode [auto|widget|text]
+    %wb cache | tiers | evict BYTES [--tier T] | pin KEY | unpin KEY   [--model ID | --cache VAR]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic_arguments import argument, magic_arguments
+
+import workbench as wb
+from workbench import errors
+from workbench.notebook import views, widgets
+from workbench.notebook.units import format_bytes, parse_bytes
+
+if TYPE_CHECKING:
+    from workbench.notebook.magics import WorkbenchMagics
+
+# errors that mean "the arguments were wrong", shown as UsageError with their message
+ARGUMENT_ERRORS: tuple[type[BaseException], ...] = tuple(
+    getattr(errors, name) for name in (
+        "OptionError", "NotLoaded", "AlreadyLoaded", "ModelFileError", "EmptyPrompt", "ContextOverflow",
+        "NoSession", "SessionBusy", "TranscriptMismatch")
+    if hasattr(errors, name)) + (views.CacheNotWired,)
+
+
+@contextmanager
+def usage_errors() -> Iterator[None]:
+    """Re-raise argument/option errors of the API as UsageError with the same message."""
+    try:
+        yield
+    except ARGUMENT_ERRORS as e:
+        raise UsageError(str(e)) from None
+
+
+def with_arguments(args: list[Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Apply a shared list of magic_arguments `argument`s (in the order given)."""
+    def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
+        for a in reversed(args):
+            fn = a(fn)
+        return fn
+    return deco
+
+
+_cache_args = [argument("--model", metavar="ID", help="model id (default: the current model)"),
+               argument("--cache", metavar="VAR", help="a TieredCache held in this variable instead")]
+
+
+@magic_arguments(name="wb load")
+@argument("path", nargs="?", default="default", metavar="PATH|default",
+          help="a GGUF file, or 'default' (SmolLM2-135M-Instruct)")
+@argument("--id", dest="model_id", metavar="ID", help="model id to register (default: from the file name)")
+@argument("--n-ctx", type=int, metavar="N", help="context tokens")
+@argument("--n-seq-max", type=int, metavar="N", help="concurrent sequences")
+def _load(m: WorkbenchMagics, args: Any) -> None:
+    """Load a model; it becomes the current model of the magics."""
+    cfg: dict[str, Any] = {}
+    if args.path != "default":
+        cfg["model_path"] = args.path
+    for key in ("model_id", "n_ctx", "n_seq_max"):
+        if getattr(args, key) is not None:
+            cfg[key] = getattr(args, key)
+    with usage_errors():
+        mid = wb.load_model(**cfg)
+    m.current_model = mid
+    info = wb.model_info(mid)
+    print(f"loaded {mid!r}: {info.get('desc', '')}, n_ctx {info['n_ctx']}, {info['n_seq_max']} sequences")
+
+
+@magic_arguments(name="wb models")
+def _models(m: WorkbenchMagics, args: Any) -> Any:
+    """Loaded models (a DataFrame)."""
+    return views.models()
+
+
+@magic_arguments(name="wb unload")
+@argument("model_id", metavar="ID", help="the model to unload")
+def _unload(m: WorkbenchMagics, args: Any) -> None:
+    """Unload a model (its running requests end with an error)."""
+    with usage_errors():
+        wb.unload(args.model_id)
+    if m.current_model == args.model_id:
+        m.current_model = None
+    print(f"unloaded {args.model_id!r}")
+
+
+@magic_arguments(name="wb counters")
+@with_arguments(_cache_args)
+def _counters(m: WorkbenchMagics, args: Any) -> Any:
+    """Engine counters, plus the cache's counters when the model has a cache."""
+    if args.cache or args.model:
+        return views.counters(m.cache_of(args))
+    try:
+        cache = m.cache_of(args)
+    except UsageError:  # no model, several models, or no cache wired: engine counters only
+        cache = None
+    return views.counters(cache)
+
+
+@magic_arguments(name="wb history")
+def _history(m: WorkbenchMagics, args: Any) -> Any:
+    """Generations of this session (%%generate / %%chat) with their stats."""
+    import pandas as pd
+
+    rows = [{"ref": r.ref, "model": r.model, "finish_reason": r.finish_reason, "cache_hit_kind": r.cache_hit_kind,
+             "prompt_tokens": r.stats.prompt_tokens if r.stats else None,
+             "generated_tokens": r.stats.generated_tokens if r.stats else None,
+             "ttft_s": r.stats.ttft_s if r.stats else None} for r in m.history]
+    return pd.DataFrame(rows, columns=["ref", "model", "finish_reason", "cache_hit_kind", "prompt_tokens",
+                                       "generated_tokens", "ttft_s"])
+
+
+@magic_arguments(name="wb mode")
+@argument("mode", nargs="?", choices=["auto", "widget", "text"], help="how generations are shown")
+def _mode(m: WorkbenchMagics, args: Any) -> None:
+    """Show or set how %%generate displays: widget, text, or auto (widget in a kernel)."""
+    if args.mode is not None:
+        widgets.set_display_mode(args.mode)
+    print(f"display mode: {widgets.display_mode()} (widgets {'on' if widgets.widgets_available() else 'off'})")
+
+
+@magic_arguments(name="wb cache")
+@with_arguments(_cache_args)
+def _cache(m: WorkbenchMagics, args: Any) -> Any:
+    """Cached KV rows with their eviction scores (next victim first)."""
+    return views.cache_rows(m.cache_of(args))
+
+
+@magic_arguments(name="wb tiers")
+@with_arguments(_cache_args)
+def _tiers(m: WorkbenchMagics, args: Any) -> Any:
+    """The cache's tiers: budget, use, policy."""
+    return views.tiers(m.cache_of(args))
+
+
+@magic_arguments(name="wb evict")
+@argument("bytes", metavar="BYTES", help="how much to free: 1000000, 512MiB, 2GB")
+@argument("--tier", metavar="T", help="tier to free (default: the top one)")
+@with_arguments(_cache_args)
+def _evict(m: WorkbenchMagics, args: Any) -> None:
+    """Free at least BYTES in a tier, demoting evicted rows down the tiers."""
+    try:
+        n = parse_bytes(args.bytes)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    cache = m.cache_of(args)
+    try:
+        freed = cache.evict_bytes(n, args.tier)
+    except ValueError as e:  # an unknown tier
+        raise UsageError(str(e)) from None
+    print(f"freed {format_bytes(freed)} ({freed} bytes)")
+
+
+@magic_arguments(name="wb pin")
+@argument("key", metavar="KEY", help="row key or a unique prefix (see %%wb cache)")
+@with_arguments(_cache_args)
+def _pin(m: WorkbenchMagics, args: Any) -> None:
+    """Pin a row (the previously pinned row of its namespace is unpinned)."""
+    cache = m.cache_of(args)
+    try:
+        old = cache.pin(m.row_key(cache, args.key))
+    except KeyError as e:
+        raise UsageError(str(e.args[0])) from None
+    print(f"pinned {args.key}" + (f" (unpinned {old[:12]})" if old else ""))
+
+
+@magic_arguments(name="wb unpin")
+@argument("key", metavar="KEY", help="row key or a unique prefix")
+@with_arguments(_cache_args)
+def _unpin(m: WorkbenchMagics, args: Any) -> None:
+    """Unpin a row."""
+    cache = m.cache_of(args)
+    try:
+        was = cache.unpin(m.row_key(cache, args.key))
+    except KeyError as e:
+        raise UsageError(str(e.args[0])) from None
+    print(f"unpinned {args.key}" if was else f"{args.key} was not pinned")
+
+
+SUBCOMMANDS: dict[str, Callable[..., Any]] = {
+    "load": _load, "models": _models, "unload": _unload, "counters": _counters, "history": _history,
+    "mode": _mode, "cache": _cache, "tiers": _tiers, "evict": _evict, "pin": _pin, "unpin": _unpin,
+}
+
+

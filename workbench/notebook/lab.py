@@ -1,0 +1,281 @@
+"""The eviction lab: replay a request trace through the KV prefix cache's index and
+eviction policies at several byte budgets, without a model, and compare policies.
+
+For each request, in arrival order (the clock is the trace's arrival time in seconds):
+
+1. look up the longest cached prefix of the prompt: exact (the whole prompt), partial or
+   cold; a hit is a read (hit count and last use move, as `TieredCache.get`);
+2. count the prefill it saves: min(matched, prompt - 1) tokens (the engine always decodes
+   the last prompt token again, for its logits): the number the engine reports as
+   prompt_tokens - prefilled_tokens;
+3. store the rows the engine would save: checkpoints, the agent prefix (pinned), the
+   prompt, the prompt + reply at finish (rules in `plan.py`, after `Engine._save_points`).
+
+A row of n tokens costs n * bytes_per_token bytes (default 23,040: SmolLM2-135M's f16 K+V
+per token). The cache is `simcache.SimCache`: the cache's own Catalog, PrefixIndex, Level
+and policies, one tier, without payloads. Sticky sessions are not modelled (the lab is
+about the prefix cache); `replay(..., model=...)` measures the real engine beside it.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from workbench.cache.policies import EvictionPolicy, PolicySpec, get_policy
+from workbench.notebook.plan import SAVE_KINDS, Plan, build_plan, check_saves, run_plan
+from workbench.notebook.simcache import ranking_mode
+from workbench.notebook.traces import Trace
+from workbench.notebook.units import parse_bytes
+
+DEFAULT_BYTES_PER_TOKEN = 23_040  # SmolLM2-135M: 30 layers * 2 (K, V) * 192 * 2 bytes (f16)
+DEFAULT_POLICIES: tuple[str, ...] = ("lru", "lfu", "frecency", "gdsf", "s3fifo")
+TIMELINE_COLUMNS = ["policy", "size_bytes", "request", "time_s", "used_bytes", "rows", "evictions", "hits", "misses"]
+
+__all__ = ["DEFAULT_BYTES_PER_TOKEN", "DEFAULT_POLICIES", "SAVE_KINDS", "Plan", "build_plan", "default_sizes",
+           "measure", "plot_miss_ratio_curves", "replay"]
+
+
+def replay(trace: Trace | Sequence[Sequence[int]], policies: Iterable[PolicySpec] = DEFAULT_POLICIES,
+           sizes: Iterable[int | str] | int | str | None = None, *, block_size: int = 16,
+           bytes_per_token: int = DEFAULT_BYTES_PER_TOKEN, saves: Iterable[str] = SAVE_KINDS,
+           checkpoint_every: int | None = 2048, min_tokens: int = 16, model: str | None = None,
+           response_tokens: int = 4, sessions: bool = True, workers: int | None = None,
+           timeline_points: int = 200) -> Any:
+    """Replay `trace` through each policy at each byte budget; one DataFrame row per pair.
+
+    `policies`: names, classes, instances (deep-copied per budget, the original is left
+    alone) or `(row, now) -> priority` functions, as `get_policy` takes them; a function
+    whose priority ignores `now` may say so with `fn.time_invariant = True` (faster).
+    `sizes`: byte budgets (ints or '2GiB'); None = 8 budgets from 0.5% to 50% of what the
+    trace would store without eviction. `trace` may also be a list of token-id sequences.
+    `saves` (a subset of checkpoint, agent_prefix, prompt, finish), `checkpoint_every`
+    (rounded up to `block_size`; None = no checkpoints) and `min_tokens` follow the
+    engine's save rules (see plan.py).
+
+    Columns: policy (categorical, in the given order), size_bytes, requests, hits,
+    exact_hits, partial_hits, misses, hit_ratio, miss_ratio, byte_hit_ratio (matched /
+    prompt tokens), prompt_tokens, prefill_tokens_saved, prefill_saved_fraction,
+    rows_saved, saves_too_large, evictions, evicted_bytes, rows_end, bytes_end, seconds.
+    `df.attrs['timeline']`: used bytes, rows and cumulative evictions / hits / misses every
+    len/`timeline_points` requests; `df.attrs['params']`: the replay's settings.
+
+    With `model` (a loaded model id) the trace also runs for real, in order, through
+    `workbench.complete` (its token ids, `response_tokens` each, greedy; chats and agent
+    tasks on sticky sessions when `sessions`), adding measured_* columns (the same on every
+    row) and `df.attrs['measured']` / `df.attrs['requests']` (per request, measured beside
+    simulated). Keep those traces short: it is real inference.
+
+    `workers`: processes for the (policy, size) pairs; None = the usable cores (forked, so
+    functions need not pickle), 1 = in this process.
+    """
+    import pandas as pd
+
+    if not isinstance(trace, Trace):
+        trace = Trace.from_prompts(list(trace))
+    if isinstance(bytes_per_token, bool) or not isinstance(bytes_per_token, int) or bytes_per_token < 1:
+        raise ValueError(f"bytes_per_token must be an int >= 1, got {bytes_per_token!r}")
+    specs = list(policies) if not isinstance(policies, (str, type)) and not callable(policies) else [policies]
+    if not specs:
+        raise ValueError("replay needs at least one policy")
+    labels = _labels(specs)
+    # make each policy once now: an unknown name fails here with get_policy's message
+    slow = [ranking_mode(_fresh_policy(spec)) in ("pure", "full") for spec in specs]
+    plan = build_plan(trace, block_size=block_size, saves=saves, checkpoint_every=checkpoint_every,
+                      min_tokens=min_tokens)
+    budgets = _budgets(sizes, plan, bytes_per_token)
+    every = max(1, len(trace) // timeline_points) if timeline_points else 0
+    jobs = [(p, s) for p in range(len(specs)) for s in budgets]
+    task = _Task(plan, specs, bytes_per_token, every, model is not None)
+    # slowest first, so the worker processes finish together
+    order = sorted(range(len(jobs)), key=lambda j: (not slow[jobs[j][0]], -jobs[j][1]))
+    results: list[dict[str, Any]] = [{}] * len(jobs)
+    for j, res in zip(order, _map(task, [jobs[j] for j in order], workers)):
+        results[j] = res
+    rows, timeline, per_request = [], [], []
+    for (p, size), res in zip(jobs, results):
+        timeline.extend((labels[p], size, *point) for point in res.pop("_timeline"))
+        per_request.extend((i, labels[p], size, kind, sv) for i, (kind, sv) in enumerate(res.pop("_requests")))
+        rows.append({"policy": labels[p], "size_bytes": size, **res})
+    df = pd.DataFrame(rows)
+    df["policy"] = pd.Categorical(df["policy"], categories=labels)
+    df = df.astype({"size_bytes": "int64"})
+    tl = pd.DataFrame(timeline, columns=TIMELINE_COLUMNS)
+    tl["policy"] = pd.Categorical(tl["policy"], categories=labels)
+    df.attrs["timeline"] = tl
+    df.attrs["params"] = {"trace": trace.name, "requests": len(trace), "block_size": block_size,
+                          "bytes_per_token": bytes_per_token, "saves": check_saves(saves),
+                          "checkpoint_every": checkpoint_every, "min_tokens": min_tokens,
+                          "footprint_bytes": plan.footprint_tokens * bytes_per_token}
+    if model is not None:
+        _add_measured(df, trace, model, response_tokens, sessions, per_request)
+    return df
+
+
+def plot_miss_ratio_curves(df: Any, *, metric: str = "miss_ratio", ax: Any = None) -> Any:
+    """Miss ratio (or another ratio column) against cache size, one line per policy."""
+    from workbench.notebook.plots import miss_ratio_curves
+
+    return miss_ratio_curves(df, metric=metric, ax=ax)
+
+
+def default_sizes(plan: Plan, bytes_per_token: int, points: int = 8) -> list[int]:
+    """`points` budgets spaced geometrically from 0.5% to 50% of the plan's footprint."""
+    total = max(1, plan.footprint_tokens * bytes_per_token)
+    lo, hi = 0.005, 0.5
+    return sorted({max(bytes_per_token, int(total * lo * (hi / lo) ** (k / max(1, points - 1))))
+                   for k in range(points)})
+
+
+# --- internals ------------------------------------------------------------------------------------
+
+def _budgets(sizes: Iterable[int | str] | int | str | None, plan: Plan, bpt: int) -> list[int]:
+    if sizes is None:
+        return default_sizes(plan, bpt)
+    out = sorted({parse_bytes(s) for s in ([sizes] if isinstance(sizes, (int, str)) else sizes)})
+    if not out:
+        raise ValueError("replay needs at least one cache size")
+    return out
+
+
+def _labels(specs: list[PolicySpec]) -> list[str]:
+    labels: list[str] = []
+    for spec in specs:
+        if isinstance(spec, str):
+            base = spec.lower()
+        else:
+            base = getattr(spec, "name", None) or getattr(spec, "__name__", None) or type(spec).__name__
+            base = "custom" if base == "<lambda>" else str(base)
+        label, k = base, 2
+        while label in labels:
+            label, k = f"{base}#{k}", k + 1
+        labels.append(label)
+    return labels
+
+
+def _fresh_policy(spec: PolicySpec) -> EvictionPolicy:
+    """A policy of its own for one replay: instances are deep-copied (policies keep state)."""
+    if not isinstance(spec, type) and isinstance(spec, EvictionPolicy):
+        return copy.deepcopy(spec)
+    return get_policy(spec)
+
+
+@dataclass
+class _Task:
+    plan: Plan
+    specs: list[PolicySpec]
+    bytes_per_token: int
+    timeline_every: int
+    record: bool
+
+    def __call__(self, job: tuple[int, int]) -> dict[str, Any]:
+        p, size = job
+        return run_plan(self.plan, _fresh_policy(self.specs[p]), size, self.bytes_per_token,
+                        timeline_every=self.timeline_every, record=self.record)
+
+
+_FORKED: _Task | None = None  # the task, inherited by forked workers (nothing is pickled)
+
+
+def _forked_call(job: tuple[int, int]) -> dict[str, Any]:
+    assert _FORKED is not None
+    return _FORKED(job)
+
+
+def _map(task: _Task, jobs: list[tuple[int, int]], workers: int | None) -> list[dict[str, Any]]:
+    global _FORKED
+    n = min(len(jobs), workers if workers is not None else _usable_cores())
+    if n <= 1 or len(task.plan.prompts) * len(jobs) < 20_000 or not hasattr(os, "fork"):
+        return [task(job) for job in jobs]
+    import multiprocessing
+
+    _FORKED = task
+    try:
+        with ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("fork")) as pool:
+            return list(pool.map(_forked_call, jobs, chunksize=1))
+    finally:
+        _FORKED = None
+
+
+def _usable_cores() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:
+        return max(1, os.cpu_count() or 1)
+
+
+# --- measured side by side ----------------------------------------------------------------------
+
+def measure(trace: Trace, model: str, *, response_tokens: int = 4, sessions: bool = True,
+            complete: Callable[..., Any] | None = None) -> Any:
+    """Run every request of `trace` for real, in order, and return one row per request
+    with what the engine reports: prompt_tokens, prefilled_tokens, prefill_tokens_saved
+    (prompt - prefilled), cache_hit_kind, ttft_s. Requests with a session id run on a
+    sticky session (when `sessions`); agent prefixes are passed as prefix_checkpoint_len
+    where the engine has that option. Sessions used are ended afterwards."""
+    import pandas as pd
+
+    import workbench as wb
+    from workbench.notebook.views import HIT_KINDS
+    from workbench.options import RequestOptions, option_names
+
+    run = complete or wb.complete
+    n_vocab = wb.model_info(model)["n_vocab"]
+    if not trace.literal and trace.token_range[1] > n_vocab:
+        raise ValueError(f"the trace draws token ids up to {trace.token_range[1]}, past the vocabulary of "
+                         f"{model!r} ({n_vocab})")
+    has_prefix_opt = "prefix_checkpoint_len" in option_names(RequestOptions)
+    tag = f"lab-{os.getpid()}-{time.monotonic_ns()}"
+    used: set[str] = set()
+    rows = []
+    try:
+        for i in range(len(trace)):
+            req = trace[i]
+            opts: dict[str, Any] = {"response_tokens": response_tokens, "temperature": 0.0}
+            if sessions and req.session is not None:
+                opts["session_id"] = f"{tag}-{req.session}"
+                used.add(opts["session_id"])
+            if has_prefix_opt and req.pin_segments:
+                opts["prefix_checkpoint_len"] = sum(int(trace.seg_len[s]) for s in req.prompt[:req.pin_segments])
+            s = run(model, trace.prompt_token_ids(i), **opts).stats
+            rows.append({"request": i, "session": req.session, "prompt_tokens": s.prompt_tokens,
+                         "prefilled_tokens": s.prefilled_tokens,
+                         "prefill_tokens_saved": s.prompt_tokens - s.prefilled_tokens,
+                         "cache_hit_kind": s.cache_hit_kind, "ttft_s": s.ttft_s})
+    finally:
+        for sid in used:
+            try:
+                wb.end_session(model, sid)
+            except Exception:  # noqa: BLE001 - already gone or reclaimed: nothing to free
+                pass
+    df = pd.DataFrame(rows, columns=["request", "session", "prompt_tokens", "prefilled_tokens",
+                                     "prefill_tokens_saved", "cache_hit_kind", "ttft_s"])
+    return df.astype({"request": "int64", "session": "Int64", "prompt_tokens": "int64",
+                      "prefilled_tokens": "int64", "prefill_tokens_saved": "int64",
+                      "cache_hit_kind": pd.CategoricalDtype(HIT_KINDS), "ttft_s": "float64"}).set_index("request")
+
+
+def _add_measured(df: Any, trace: Trace, model: str, response_tokens: int, sessions: bool,
+                  per_request: list[tuple[int, str, int, str, int]]) -> None:
+    import pandas as pd
+
+    m = measure(trace, model, response_tokens=response_tokens, sessions=sessions)
+    total = int(m["prompt_tokens"].sum())
+    saved = int(m["prefill_tokens_saved"].sum())
+    df["measured_requests"] = len(m)
+    df["measured_hit_ratio"] = float((m["cache_hit_kind"] != "cold").mean()) if len(m) else 0.0
+    df["measured_prefill_tokens_saved"] = saved
+    df["measured_prefill_saved_fraction"] = saved / total if total else 0.0
+    for kind in ("exact", "partial", "sticky", "cold"):
+        df[f"measured_{kind}"] = int((m["cache_hit_kind"] == kind).sum())
+    sim = pd.DataFrame(per_request, columns=["request", "policy", "size_bytes", "sim_hit_kind",
+                                             "sim_prefill_tokens_saved"])
+    measured = m[["cache_hit_kind", "prefill_tokens_saved"]].rename(columns={
+        "cache_hit_kind": "measured_hit_kind", "prefill_tokens_saved": "measured_prefill_tokens_saved"})
+    df.attrs["measured"] = m
+    df.attrs["requests"] = sim.merge(measured, left_on="request", right_index=True, how="left")

@@ -1,0 +1,329 @@
+"""IPython magics: `%wb ...` (models, counters, cache) and `%%generate` / `%%chat`.
+
+Thin by design (as jupysql's magic.py): each magic parses its arguments with IPython's
+magic_arguments, turns argument and option errors into UsageError naming the reason, and
+delegates to the public API, `views` and `widgets`; the %wb subcommands live in
+`commands.py`.
+
+    %wb load [PATH|default] [--id ID] [--n-ctx N] [--n-seq-max N]
+    %wb models | unload ID | counters | history | mode [auto|widget|text] | help [COMMAND]
+    %wb cache | tiers | evict BYTES [--tier T] | pin KEY | unpin KEY   [--model ID | --cache VAR]
+    %%generate [--model ID] [--max-tokens N] [--temperature T] [--top-k K] [--top-p P]
+               [--seed S] [--stop STR ...] [--grammar FILE|VAR] [--json-schema VAR]
+               [--session S] [--ignore-eos] [--no-stream] [--background] [--as VAR]
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import string
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+
+import workbench as wb
+from workbench.notebook import views, widgets
+from workbench.notebook.commands import SUBCOMMANDS, usage_errors, with_arguments
+from workbench.notebook.results import Result
+
+DEFAULT_VAR = "_wb"
+
+
+# --- prompt interpolation ----------------------------------------------------------------------
+
+_FIELD = re.compile(
+    r"\{\{([^{}]*)\}\}"                                   # {{x}} -> a literal {x}
+    r"|\{([A-Za-z_]\w*(?:\.[A-Za-z_]\w*|\[[^\[\]{}]*\])*)"  # {name}, {obj.attr}, {seq[0]}
+    r"(![rsa])?(?::([^{}]*))?\}")                         # optional !r and :format
+
+
+def interpolate(text: str, namespace: dict[str, Any]) -> str:
+    """Replace `{name}` (also `{a.b}`, `{a[0]}`, `{x!r}`, `{x:.2f}`) with values from
+    `namespace`. Braces around anything else (JSON, code) are left alone; `{{name}}` gives a
+    literal `{name}`. An unknown name raises UsageError."""
+    fmt = string.Formatter()
+
+    def sub(m: re.Match[str]) -> str:
+        if m.group(1) is not None:
+            return "{" + m.group(1) + "}"
+        field, conv, spec = m.group(2), m.group(3), m.group(4)
+        try:
+            value, _ = fmt.get_field(field, (), namespace)
+        except (KeyError, AttributeError, IndexError, TypeError) as e:
+            raise UsageError(f"the prompt uses {{{field}}}, which cannot be resolved: {e!r}") from None
+        value = fmt.convert_field(value, conv[1] if conv else None)
+        try:
+            return format(value, spec or "")
+        except (ValueError, TypeError) as e:
+            raise UsageError(f"the prompt's {{{field}:{spec}}}: {e}") from None
+
+    return _FIELD.sub(sub, text)
+
+
+def _unescape(s: str) -> str:
+    """`--stop '\\n\\n'` means two newlines."""
+    return s.replace("\\\\", "\0").replace("\\n", "\n").replace("\\t", "\t").replace("\0", "\\")
+
+
+# --- generation arguments ----------------------------------------------------------------------
+
+_generation_args = [
+    argument("--model", metavar="ID", help="model id (default: the current model)"),
+    argument("--max-tokens", type=int, metavar="N", help="most tokens to generate (response_tokens)"),
+    argument("--temperature", type=float, metavar="T"),
+    argument("--top-k", type=int, metavar="K"),
+    argument("--top-p", type=float, metavar="P"),
+    argument("--seed", type=int, metavar="S"),
+    argument("--stop", nargs="+", metavar="STR", help="stop sequences (\\n, \\t understood)"),
+    argument("--grammar", metavar="FILE|VAR", help="GBNF grammar: a variable holding it, or a file"),
+    argument("--json-schema", metavar="VAR", help="JSON schema: a variable (dict or text), or a file"),
+    argument("--session", metavar="S", help="sticky session id (keeps this conversation's KV live)"),
+    argument("--ignore-eos", action="store_true", help="never stop at end-of-generation"),
+    argument("--no-stream", action="store_true", help="wait for the whole reply, then show it"),
+    argument("--background", action="store_true",
+             help="stream on a thread and return at once (the Cancel button works meanwhile)"),
+    argument("--as", dest="var", default=DEFAULT_VAR, metavar="VAR", help="store the Result here (default _wb)"),
+]
+
+
+@magics_class
+class WorkbenchMagics(Magics):
+    """%wb, %%generate and %%chat (see the module doc)."""
+
+    line_names = ("wb",)
+    cell_names = ("generate", "chat")
+
+    def __init__(self, shell: Any = None) -> None:
+        super().__init__(shell)
+        self.current_model: str | None = None
+        self.history: list[Result] = []
+        self.chats: dict[str, list[dict[str, str]]] = {}
+
+    # -- %wb ---------------------------------------------------------------------------------
+    @line_magic
+    def wb(self, line: str) -> Any:
+        """%wb COMMAND [ARGS]: load, models, unload, counters, history, mode, cache, tiers,
+        evict, pin, unpin, help. `%wb help COMMAND` shows a command's arguments."""
+        command, _, rest = line.strip().partition(" ")
+        if command in ("", "help", "-h", "--help"):
+            print(self._help(rest.strip()))
+            return None
+        fn = SUBCOMMANDS.get(command)
+        if fn is None:
+            raise UsageError(f"unknown %wb command {command!r}; commands: {', '.join(SUBCOMMANDS)}")
+        return fn(self, parse_argstring(fn, rest))
+
+    def _help(self, command: str) -> str:
+        if command:
+            fn = SUBCOMMANDS.get(command)
+            if fn is None:
+                raise UsageError(f"unknown %wb command {command!r}; commands: {', '.join(SUBCOMMANDS)}")
+            return fn.__doc__ or ""
+        lines = ["%wb COMMAND [ARGS]   (%wb help COMMAND for its arguments)"]
+        for name, fn in SUBCOMMANDS.items():
+            usage = " ".join(fn.parser.format_usage().replace("::", "").split())
+            lines.append(f"  {usage}")
+        return "\n".join(lines)
+
+    # -- shared helpers -------------------------------------------------------------------------
+    def model_of(self, requested: str | None) -> str:
+        """The model a command works on: --model, else the current one, else the only one."""
+        loaded = [info["model_id"] for info in wb.list_models()]
+        if requested is not None:
+            if requested not in loaded:
+                raise UsageError(f"model {requested!r} is not loaded; loaded: {', '.join(loaded) or 'none'}")
+            return requested
+        if self.current_model in loaded:
+            return self.current_model  # type: ignore[return-value]
+        if len(loaded) == 1:
+            return loaded[0]
+        if not loaded:
+            raise UsageError("no model is loaded: run %wb load default (or %wb load PATH)")
+        raise UsageError(f"several models are loaded ({', '.join(loaded)}): pass --model")
+
+    def cache_of(self, args: Any) -> Any:
+        """--cache VAR (a TieredCache in the namespace), else the model's cache via the one
+        hook views._engine_cache; UsageError when there is none."""
+        from workbench.cache import TieredCache
+
+        if getattr(args, "cache", None):
+            obj = self.shell.user_ns.get(args.cache)
+            if not isinstance(obj, TieredCache):
+                raise UsageError(f"--cache {args.cache}: not a variable holding a workbench.cache.TieredCache")
+            return obj
+        model = self.model_of(getattr(args, "model", None))
+        cache = views._engine_cache(model)
+        if cache is None:
+            raise UsageError(f"model {model!r} has no KV prefix cache yet: the engine's cache is not wired in "
+                             "(use --cache VAR to inspect a TieredCache of your own)")
+        return cache
+
+    @staticmethod
+    def row_key(cache: Any, key: str) -> str:
+        """A full row key from a key or a unique prefix of one (as %wb cache shows)."""
+        if key in cache:
+            return key
+        found = [k for k in cache.keys() if k.startswith(key)]
+        if len(found) == 1:
+            return found[0]
+        raise KeyError(f"no cached row {key!r}" if not found else f"{key!r} matches {len(found)} rows")
+
+    def _request_options(self, args: Any) -> dict[str, Any]:
+        ns = self.shell.user_ns
+        opts: dict[str, Any] = {}
+        for arg, key in (("max_tokens", "response_tokens"), ("temperature", "temperature"), ("top_k", "top_k"),
+                         ("top_p", "top_p"), ("seed", "seed"), ("session", "session_id")):
+            if getattr(args, arg) is not None:
+                opts[key] = getattr(args, arg)
+        if args.stop:
+            opts["stop_sequences"] = [_unescape(s) for s in args.stop]
+        if args.ignore_eos:
+            opts["ignore_eos"] = True
+        if args.grammar is not None:
+            opts["grammar"] = _text_from(args.grammar, ns, "--grammar", "GBNF text")
+        if args.json_schema is not None:
+            value = ns.get(args.json_schema) if args.json_schema.isidentifier() else None
+            if value is None:
+                text = _text_from(args.json_schema, ns, "--json-schema", "a JSON schema")
+                try:
+                    value = json.loads(text)
+                except ValueError as e:
+                    raise UsageError(f"--json-schema {args.json_schema}: not valid JSON ({e})") from None
+            opts["json_schema"] = value
+        return opts
+
+    def _store(self, var: str, result: Result | None) -> None:
+        self.shell.user_ns[var] = result
+        if result is not None:
+            self.history.append(result)
+
+    # -- %%generate -----------------------------------------------------------------------------
+    @cell_magic
+    @magic_arguments(name="%generate")
+    @with_arguments(_generation_args)
+    def generate(self, line: str, cell: str) -> None:
+        """Generate from the cell (the prompt; {name} is filled from the notebook's
+        variables) and show it live; the Result is stored in --as (default _wb)."""
+        __tracebackhide__ = True  # an Interrupt shows one line, not the magic's frames
+        args = parse_argstring(self.generate, line)
+        model = self.model_of(args.model)
+        prompt = interpolate(cell.rstrip("\n"), self.shell.user_ns)
+        if not prompt.strip():
+            raise UsageError("the cell is empty: write the prompt below the %%generate line")
+        self._run(args, lambda opts: wb.stream(model, prompt, **opts),
+                  lambda opts: wb.complete(model, prompt, **opts), model)
+
+    def _run(self, args: Any, start: Callable[[dict[str, Any]], Any], complete: Callable[[dict[str, Any]], Any],
+             model: str, on_result: Callable[[Result], None] | None = None) -> None:
+        __tracebackhide__ = True
+        var = args.var
+        if not var.isidentifier():
+            raise UsageError(f"--as {var!r} is not a valid variable name")
+        opts = self._request_options(args)
+
+        def finished(result: Result) -> None:
+            self._store(var, result)
+            if on_result is not None:
+                on_result(result)
+
+        if args.no_stream:
+            with usage_errors():
+                try:
+                    raw = complete(opts)
+                except KeyboardInterrupt:
+                    print("[cancelled] interrupted before the reply was complete")
+                    raise
+            result = Result.of(raw) if not isinstance(raw, Result) else raw
+            finished(result)
+            from IPython.display import display
+
+            display(result)
+            return
+        with usage_errors():
+            stream = start(opts)
+        if not hasattr(stream, "__next__"):  # a finished result (an API without streaming)
+            result = stream if isinstance(stream, Result) else Result.of(stream)
+            finished(result)
+            from IPython.display import display
+
+            display(result)
+            return
+        view = widgets.make_view(model)
+        if args.background:
+            self.shell.user_ns[var] = None
+            widgets.consume_in_background(stream, view, finished)
+            return
+        try:
+            result = widgets.consume(stream, view)
+        except widgets.GenerationInterrupted as e:
+            finished(e.result)
+            raise
+        finished(result)
+
+    # -- %%chat --------------------------------------------------------------------------------
+    @cell_magic
+    @magic_arguments(name="%chat")
+    @argument("--system", help="system message (starts a new conversation)")
+    @argument("--new", action="store_true", help="start a new conversation")
+    @with_arguments(_generation_args)
+    def chat(self, line: str, cell: str) -> None:
+        """Send the cell as the user's message to workbench.chat (with this conversation's
+        history, per --session); the assistant's Result is stored in --as."""
+        __tracebackhide__ = True
+        chat_fn = _chat_function()
+        args = parse_argstring(self.chat, line)
+        model = self.model_of(args.model)
+        text = interpolate(cell.rstrip("\n"), self.shell.user_ns)
+        if not text.strip():
+            raise UsageError("the cell is empty: write the message below the %%chat line")
+        key = f"{model}/{args.session or ''}"
+        if args.new or args.system is not None:
+            self.chats.pop(key, None)
+        history = self.chats.setdefault(key, [{"role": "system", "content": args.system}] if args.system else [])
+        messages = [*history, {"role": "user", "content": text}]
+
+        def remember(result: Result) -> None:
+            if result.ok and not result.cancelled:
+                history.extend([messages[-1], {"role": "assistant", "content": result.reply}])
+
+        self._run(args, lambda opts: _call_chat(chat_fn, model, messages, opts, stream=True),
+                  lambda opts: _call_chat(chat_fn, model, messages, opts, stream=False), model, remember)
+
+
+def _text_from(ref: str, ns: dict[str, Any], flag: str, what: str) -> str:
+    """The text a FILE|VAR argument names: a str variable, else a file's contents."""
+    if ref.isidentifier() and ref in ns:
+        value = ns[ref]
+        if isinstance(value, (dict, list, bool)) and flag == "--json-schema":
+            return json.dumps(value)
+        if not isinstance(value, str):
+            raise UsageError(f"{flag} {ref}: the variable holds a {type(value).__name__}, expected {what}")
+        return value
+    path = Path(ref).expanduser()
+    if path.is_file():
+        return path.read_text()
+    raise UsageError(f"{flag} {ref}: neither a variable holding {what} nor a file")
+
+
+def _chat_function() -> Callable[..., Any]:
+    """workbench.chat, once it exists; UsageError("chat is not available yet") until then."""
+    fn = getattr(wb, "chat", None)
+    if fn is None:
+        raise UsageError("chat is not available yet")
+    return fn  # type: ignore[no-any-return]
+
+
+def _call_chat(chat_fn: Callable[..., Any], model: str, messages: list[dict[str, str]], opts: dict[str, Any],
+               *, stream: bool) -> Any:
+    """The one place %%chat calls the chat API: workbench.chat_stream(model, messages,
+    **opts) for a live view (a ChatStream), workbench.chat(...) for --no-stream (a
+    ChatResult). Without chat_stream, chat() is shown when it returns."""
+    stream_fn = getattr(wb, "chat_stream", None) if stream else None
+    if stream_fn is None:
+        return chat_fn(model, messages, **opts)
+    return stream_fn(model, messages, **opts)

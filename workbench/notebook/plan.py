@@ -1,0 +1,259 @@
+"""What each request of a trace looks up and saves, and replaying that through one cache.
+
+The save rules mirror the engine (`Engine._save_points` and `_finish`):
+
+    start       = min(matched, prompt - 1)   the KV reused; at least the last prompt token
+                                             is decoded again, for its logits
+    checkpoint  every `checkpoint_every` tokens (rounded up to `block_size`), at positions
+                past `start` and before the prompt's end (reason cold, or continued
+                after a hit)
+    agent_prefix the trace's shared prefix (`pin_segs` leading segments) when it lies past
+                `start`, pinned; when it is already covered, an existing row of exactly
+                that prefix is pinned
+    prompt      the whole prompt, unless a row covered all of it (and if >= min_tokens)
+    finish      prompt + reply without its last token, if longer than the prompt: a trace's
+                reply ends with its end-of-turn token, which is sampled but never decoded,
+                so the KV a request ends with stops just before it
+
+Indexing trick (exact, and why a 100,000-request trace replays in seconds): rows and
+prompts are indexed as *virtual tokens*, one per trace segment, where a segment in which a
+saved row ends is split into pieces, in that context only (the exact segment path before
+it). Distinct segments are distinct text, so a row is a token prefix of a prompt exactly
+when its virtual tokens are a prefix of the prompt's: the longest match is the one the real
+index would find, while hashing a few ids per prompt instead of every 16-token block.
+"""
+
+from __future__ import annotations
+
+import array
+import bisect
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from workbench.cache.keys import CacheNamespace, row_key_from_bytes
+from workbench.cache.policies import EvictionPolicy
+from workbench.cache.types import SaveReason
+from workbench.notebook.simcache import SimCache
+from workbench.notebook.traces import Trace
+
+SAVE_KINDS = ("checkpoint", "agent_prefix", "prompt", "finish")
+NAMESPACE = CacheNamespace("0" * 64, scope="eviction-lab").digest()
+PIN, CHECKPOINT, PROMPT = 0, 1, 2
+
+Row = tuple[str, bytes, int]          # key, virtual token bytes, real tokens
+PrefillSave = tuple[str, bytes, int, int]  # key, bytes, tokens, PIN | CHECKPOINT | PROMPT
+
+
+@dataclass(slots=True)
+class Plan:
+    """What every (policy, size) replay of one trace shares, computed once."""
+
+    prompts: list[bytes]                     # virtual prompt of each request
+    prompt_len: list[int]                    # its real tokens
+    arrival: list[float]
+    prefill: list[tuple[PrefillSave, ...]]   # saves during prefill, shortest first
+    finish: list[Row | None]
+    footprint_tokens: int                    # tokens of all distinct rows the plan may save
+
+
+def check_saves(saves: Iterable[str]) -> tuple[str, ...]:
+    out = tuple(saves)
+    bad = [s for s in out if s not in SAVE_KINDS]
+    if bad:
+        raise ValueError(f"unknown save kind(s) {bad}; valid: {', '.join(SAVE_KINDS)}")
+    return out
+
+
+def build_plan(trace: Trace, *, block_size: int = 16, saves: Iterable[str] = SAVE_KINDS,
+               checkpoint_every: int | None = 2048, min_tokens: int = 16) -> Plan:
+    """Virtual-token prompts and the rows each request may save (see the module doc)."""
+    saves = check_saves(saves)
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    if checkpoint_every is not None and checkpoint_every < 1:
+        raise ValueError(f"checkpoint_every must be >= 1 or None, got {checkpoint_every}")
+    step = None
+    if "checkpoint" in saves and checkpoint_every is not None:
+        step = -(-checkpoint_every // block_size) * block_size
+    seg_len = trace.seg_len.tolist()
+    ptr, segs = trace.prompt_ptr.tolist(), trace.prompt_segs.tolist()
+    replies, pin_segs = trace.reply_seg.tolist(), trace.pin_segs.tolist()
+    prompts = [segs[ptr[i]:ptr[i + 1]] for i in range(len(trace))]
+    plens = [sum(seg_len[s] for s in p) for p in prompts]
+    ctx = _Contexts(seg_len)
+    paths, points, finish_len = [], [], []
+    for i, prompt in enumerate(prompts):
+        path = ctx.path(prompt)
+        paths.append(path)
+        ck = tuple(range(step, plens[i], step)) if step else ()
+        points.append(ck)
+        ctx.cut(path, prompt, ck)
+        r = replies[i]
+        n_fin = plens[i] + seg_len[r] - 1 if "finish" in saves and r >= 0 else 0
+        if n_fin > plens[i]:
+            ctx.cut([*path, ctx.child(path[-1], r)], [*prompt, r], (n_fin,))
+        finish_len.append(n_fin if n_fin > plens[i] else 0)
+    keys: dict[bytes, str] = {}
+
+    def row(raw: bytes, cum: list[int], n: int) -> Row:
+        part = raw[:4 * bisect.bisect_left(cum, n)]
+        key = keys.get(part)
+        if key is None:
+            key = keys[part] = row_key_from_bytes(NAMESPACE, part)
+        return key, part, n
+
+    plan = Plan([], plens, trace.arrival_s.tolist(), [], [], 0)
+    for i, prompt in enumerate(prompts):
+        vids: list[int] = []
+        cum = [0]
+        path = paths[i]
+        if finish_len[i]:
+            prompt, path = [*prompt, replies[i]], [*path, ctx.child(path[-1], replies[i])]
+        ctx.virtual(path, prompt, vids, cum)
+        raw = array.array("i", vids).tobytes()
+        plen = plens[i]
+        plan.prompts.append(raw[:4 * bisect.bisect_left(cum, plen)])
+        pre: list[tuple[int, int]] = [(n, CHECKPOINT) for n in points[i]]
+        if "agent_prefix" in saves and pin_segs[i] > 0:
+            pre.append((sum(seg_len[s] for s in prompts[i][:pin_segs[i]]), PIN))
+        if "prompt" in saves and plen >= min_tokens:
+            pre.append((plen, PROMPT))
+        plan.prefill.append(tuple((*row(raw, cum, n), kind) for n, kind in sorted(pre)))
+        plan.finish.append(row(raw, cum, finish_len[i]) if finish_len[i] else None)
+    seen: dict[str, int] = {}
+    for i in range(len(prompts)):
+        for r in plan.prefill[i]:
+            seen[r[0]] = r[2]
+        fin = plan.finish[i]
+        if fin is not None:
+            seen[fin[0]] = fin[2]
+    plan.footprint_tokens = sum(seen.values())
+    return plan
+
+
+class _Contexts:
+    """Segment paths as trie nodes, and where saved rows end inside a segment.
+
+    A segment is split into pieces only in the context (the exact segment path up to and
+    including it) where a row ends inside it; everywhere else it stays one virtual token,
+    its segment id. Splitting per context rather than per segment keeps a popular document
+    from collecting the cut points of every prompt it appears in.
+    """
+
+    def __init__(self, seg_len: list[int]) -> None:
+        self.seg_len = seg_len
+        self._nodes: dict[tuple[int, int], int] = {}
+        self._offsets: dict[int, set[int]] = {}
+        self._pieces: dict[int, list[tuple[int, int]]] = {}  # node -> (virtual id, length)
+        self._next_vid = len(seg_len)  # segment ids are the virtual ids of uncut segments
+
+    def child(self, parent: int, seg: int) -> int:
+        node = self._nodes.get((parent, seg))
+        if node is None:
+            node = self._nodes[(parent, seg)] = len(self._nodes) + 1
+        return node
+
+    def path(self, segs: list[int]) -> list[int]:
+        node, out = 0, []
+        for s in segs:
+            node = self.child(node, s)
+            out.append(node)
+        return out
+
+    def cut(self, path: list[int], segs: list[int], points: tuple[int, ...]) -> None:
+        """Note rows ending at `points` (ascending token positions) along this path."""
+        pos, k = 0, 0
+        for node, s in zip(path, segs):
+            if k == len(points):
+                return
+            n = self.seg_len[s]
+            while k < len(points) and points[k] <= pos + n:
+                if points[k] - pos < n:
+                    self._offsets.setdefault(node, set()).add(points[k] - pos)
+                k += 1
+            pos += n
+
+    def virtual(self, path: list[int], segs: list[int], out: list[int], cum: list[int]) -> None:
+        """Append the virtual tokens of `segs` and their cumulative real lengths."""
+        for node, s in zip(path, segs):
+            p = self._pieces.get(node)
+            if p is None:
+                offs = self._offsets.get(node)
+                if offs is None:
+                    out.append(s)
+                    cum.append(cum[-1] + self.seg_len[s])
+                    continue
+                p = self._split(node, s, offs)
+            for vid, n in p:
+                out.append(vid)
+                cum.append(cum[-1] + n)
+
+    def _split(self, node: int, seg: int, offs: set[int]) -> list[tuple[int, int]]:
+        bounds = [0, *sorted(offs), self.seg_len[seg]]
+        p = [(self._next_vid + k, b - a) for k, (a, b) in enumerate(zip(bounds, bounds[1:]))]
+        self._next_vid += len(p)
+        if self._next_vid >= 2**31:
+            raise ValueError("trace too large for the lab's int32 virtual tokens")
+        self._pieces[node] = p
+        return p
+
+
+# --- one replay ---------------------------------------------------------------------------------
+
+def run_plan(plan: Plan, policy: EvictionPolicy, size_bytes: int, bytes_per_token: int, *,
+             timeline_every: int = 0, record: bool = False) -> dict[str, Any]:
+    """Replay the plan through one cache; totals, plus a timeline (every `timeline_every`
+    requests) and each request's (hit kind, prefill saved) when `record`."""
+    sim = SimCache(policy, size_bytes)
+    ns, bpt = NAMESPACE, bytes_per_token
+    exact = partial = misses = saved = matched_total = 0
+    timeline: list[tuple[int, float, int, int, int, int, int]] = []
+    per_request: list[tuple[str, int]] = []
+    started = time.perf_counter()
+    prompts, plens, arrival, prefill, finishes = plan.prompts, plan.prompt_len, plan.arrival, plan.prefill, plan.finish
+    n = len(prompts)
+    for i in range(n):
+        now, plen = arrival[i], plens[i]
+        hit = sim.lookup(ns, prompts[i])
+        if hit is None:
+            matched = 0
+            misses += 1
+        else:
+            matched = hit.n_tokens
+            sim.hit(hit, now)
+            if matched >= plen:
+                exact += 1
+            else:
+                partial += 1
+        start = min(matched, plen - 1)
+        matched_total += matched
+        saved += start
+        reason = SaveReason.CONTINUED if matched else SaveReason.COLD
+        for key, raw, n_tok, kind in prefill[i]:
+            if kind == PIN:
+                if n_tok > start:
+                    sim.put(key, ns, raw, n_tok, n_tok * bpt, SaveReason.AGENT_PREFIX, now, pinned=True)
+                else:
+                    sim.pin(key, now)
+            elif n_tok > start and (kind != PROMPT or matched < plen):
+                sim.put(key, ns, raw, n_tok, n_tok * bpt, reason, now)
+        fin = finishes[i]
+        if fin is not None:
+            sim.put(fin[0], ns, fin[1], fin[2], fin[2] * bpt, SaveReason.FINISH, now)
+        if record:
+            per_request.append(("cold" if not matched else "exact" if matched >= plen else "partial", start))
+        if timeline_every and ((i + 1) % timeline_every == 0 or i + 1 == n):
+            timeline.append((i + 1, now, sim.used_bytes, len(sim), sim.evictions, exact + partial, misses))
+    total_prompt = sum(plens)
+    return {
+        "requests": n, "hits": exact + partial, "exact_hits": exact, "partial_hits": partial, "misses": misses,
+        "hit_ratio": (exact + partial) / n if n else 0.0, "miss_ratio": misses / n if n else 0.0,
+        "byte_hit_ratio": matched_total / total_prompt if total_prompt else 0.0,
+        "prompt_tokens": total_prompt, "prefill_tokens_saved": saved,
+        "prefill_saved_fraction": saved / total_prompt if total_prompt else 0.0,
+        "rows_saved": sim.saves, "saves_too_large": sim.too_large, "evictions": sim.evictions,
+        "evicted_bytes": sim.evicted_bytes, "rows_end": len(sim), "bytes_end": sim.used_bytes,
+        "seconds": time.perf_counter() - started, "_timeline": timeline, "_requests": per_request,
+    }

@@ -1,0 +1,144 @@
+"""What a notebook generation leaves behind: a `Result` with rich reprs, and the few
+formatting helpers the widget, the plain-text view and the repr share (so all three say
+the same thing)."""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass
+from typing import Any
+
+from workbench.engine.events import CompletionResult, Stats
+
+HIT_COLOURS = {"cold": "#6c757d", "partial": "#fd7e14", "exact": "#198754", "sticky": "#0d6efd"}
+STATE_COLOURS = {"running": "#0d6efd", "done": "#198754", "cancelled": "#fd7e14", "error": "#dc3545"}
+UNKNOWN_COLOUR = "#adb5bd"
+
+
+def stats_line(stats: Stats | None, finish_reason: str | None = None) -> str:
+    """'ttft 41 ms · 88.2 tok/s · 12 prompt (3 prefilled) + 32 generated · cache read 9 /
+    created 0 · stop' (parts without data are left out)."""
+    parts: list[str] = []
+    if stats is not None:
+        if stats.ttft_s is not None:
+            parts.append(f"ttft {stats.ttft_s * 1000:.0f} ms")
+        if stats.decode_tps is not None:
+            parts.append(f"{stats.decode_tps:.1f} tok/s")
+        parts.append(f"{stats.prompt_tokens} prompt ({stats.prefilled_tokens} prefilled) + "
+                     f"{stats.generated_tokens} generated")
+        delta = stats.cache_delta or {}
+        parts.append(f"cache read {delta.get('read', 0)} / created {delta.get('created', 0)}")
+    if finish_reason:
+        parts.append(finish_reason)
+    return " · ".join(parts)
+
+
+def badge_html(kind: str | None) -> str:
+    """A coloured pill naming the cache hit kind (cold / partial / exact / sticky)."""
+    label = kind or "…"
+    colour = HIT_COLOURS.get(label, UNKNOWN_COLOUR)
+    return (f'<span class="wb-badge wb-hit-{html.escape(label)}" style="background:{colour};color:white;'
+            f'border-radius:0.8em;padding:0 0.6em;font-size:85%;font-family:sans-serif">{html.escape(label)}</span>')
+
+
+def reply_html(text: str, *, error: bool = False) -> str:
+    border = STATE_COLOURS["error"] if error else "#dee2e6"
+    return (f'<pre class="wb-reply" style="white-space:pre-wrap;word-break:break-word;margin:0.3em 0;'
+            f'padding:0.4em 0.6em;border-left:3px solid {border}">{html.escape(text)}</pre>')
+
+
+def state_html(state: str) -> str:
+    colour = STATE_COLOURS.get(state, UNKNOWN_COLOUR)
+    name = html.escape(state)
+    return f'<span class="wb-state wb-state-{name}" style="color:{colour};font-weight:600">{name}</span>'
+
+
+@dataclass(frozen=True, eq=False)
+class Result:
+    """A finished (or cancelled, or failed) notebook generation.
+
+    Attributes not defined here (tokens, context_tokens, stop_sequence, ...) are read from
+    the wrapped CompletionResult (`raw`), None when the request failed before finishing.
+    """
+
+    reply: str
+    raw: CompletionResult | None = None
+    thinking: str = ""
+    error: BaseException | None = None
+    model: str | None = None
+    ref: int | None = None
+
+    @classmethod
+    def of(cls, result: CompletionResult, thinking: str = "") -> Result:
+        """Wrap a CompletionResult (a chat turn's ChatResult shows its parsed content)."""
+        content = getattr(result, "content", None)
+        reply = content if isinstance(content, str) and content else result.reply
+        return cls(reply, result, thinking or getattr(result, "thinking", "") or "", None, result.model, result.ref)
+
+    @property
+    def stats(self) -> Stats | None:
+        return None if self.raw is None else self.raw.stats
+
+    @property
+    def finish_reason(self) -> str:
+        if self.error is not None:
+            return "error"
+        return "unknown" if self.raw is None else self.raw.finish_reason
+
+    @property
+    def cache_hit_kind(self) -> str | None:
+        return None if self.raw is None else self.raw.stats.cache_hit_kind
+
+    @property
+    def cancelled(self) -> bool:
+        return self.finish_reason == "cancelled"
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    def __getattr__(self, name: str) -> Any:
+        raw = object.__getattribute__(self, "raw")
+        if raw is None or name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(raw, name)
+
+    def __str__(self) -> str:
+        return self.reply
+
+    # -- reprs ---------------------------------------------------------------------------------
+    def summary(self) -> str:
+        """The stats line, or the error."""
+        if self.error is not None:
+            return f"error: {type(self.error).__name__}: {self.error}"
+        return stats_line(self.stats, self.finish_reason)
+
+    def __repr__(self) -> str:
+        preview = self.reply if len(self.reply) <= 60 else self.reply[:57] + "..."
+        return (f"<Result model={self.model!r} ref={self.ref} finish={self.finish_reason} "
+                f"hit={self.cache_hit_kind} reply={preview!r}>")
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        if cycle:
+            p.text("Result(...)")
+            return
+        p.text(self.as_text())
+
+    def as_text(self) -> str:
+        lines = []
+        if self.thinking:
+            lines.append(f"[thinking] {self.thinking.strip()}")
+        lines.append(self.reply)
+        lines.append(f"[{self.cache_hit_kind or '-'}] {self.summary()}")
+        return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        state = "error" if self.error is not None else "cancelled" if self.cancelled else "done"
+        think = ""
+        if self.thinking:
+            think = (f"<details><summary>thinking</summary>{reply_html(self.thinking)}</details>")
+        return (f'<div class="wb-result">{badge_html(self.cache_hit_kind)} {state_html(state)} '
+                f'<span style="color:#6c757d;font-size:85%">{html.escape(self.model or "")}'
+                f'{"" if self.ref is None else f" #{self.ref}"}</span>{think}'
+                f"{reply_html(self.reply, error=self.error is not None)}"
+                f'<div class="wb-stats" style="color:#6c757d;font-size:85%">{html.escape(self.summary())}</div></div>')
