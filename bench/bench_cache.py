@@ -49,6 +49,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="512,2048,4096")
     ap.add_argument("--threads", type=int, default=default_threads())
+    ap.add_argument("--flash-attn", default="auto", choices=("auto", "on", "off"))
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
@@ -59,7 +60,7 @@ def main() -> int:
                         {"kind": "shm", "root": str(shm_root), "budget_bytes": big},
                         {"kind": "disk", "root": str(root / "disk"), "budget_bytes": big}])
     model = wb.load_model(n_threads=args.threads, n_ctx=max(sizes) + 256, n_seq_max=1,
-                          cold_checkpoint_interval=None)
+                          cold_checkpoint_interval=None, flash_attn=args.flash_attn)
     n_vocab = wb.model_info(model)["n_vocab"]
     rng = random.Random(11)
     results: dict[int, dict] = {}
@@ -88,6 +89,7 @@ def main() -> int:
         wb.configure_cache([{"kind": "ram"}])
         shutil.rmtree(root, ignore_errors=True)
         shutil.rmtree(shm_root, ignore_errors=True)
+    print(f"flash_attn={args.flash_attn}, {args.threads} threads")
     print(f"{'tokens':>7}{'cold ms':>10}" + "".join(f"{t + ' ms':>10}{'x':>7}" for t in ("ram", "shm", "disk")))
     for n, res in results.items():
         line = f"{n:>7}{res['cold_ms']:>10.0f}"
