@@ -250,7 +250,7 @@ def load_adapter(model: str, path: str, scale: float = 1.0) -> int:
     under one adapter set never serve another. The change applies from the next admitted
     request (requests already running finish under the set they started with).
     """
-    from .engine.engine import AdapterSlot
+    from .engine.adapter_ops import AdapterSlot
     from .models import check_model_file, fingerprint
 
     eng = _engine(model)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import shutil
 import subprocess
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol

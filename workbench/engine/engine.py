@@ -6,6 +6,8 @@ commands (end/reset session), admits queued requests onto sequences, builds ONE 
 released and a wall-clock budget, then samples each sequence that produced logits.
 Other threads talk to it only through the admission queue, the command queue, a request's
 cancel flag, and plain attributes they read (phase, counts) without waiting on the loop.
+Sessions, adapters, cache save points and decode-failure recovery live in mixins
+(session_ops, adapter_ops, cache_saves, recovery).
 """
 
 from __future__ import annotations
@@ -14,33 +16,35 @@ import collections
 import random
 import threading
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .. import _native
-from ..errors import (ContextOverflow, DecodeFailed, DecodeTimeout, EngineStopped, InvalidOption, LoadError, NoSession,
-                      QueueFull, SeqCapacity, SessionBusy, SessionReset, TranscriptMismatch)
+from ..errors import (ContextOverflow, EngineStopped, InvalidOption, LoadError, NoSession, QueueFull, SeqCapacity,
+                      SessionBusy, TranscriptMismatch)
 from ..models import check_model_file, fingerprint
 from ..options import LoadConfig, RequestOptions, default_threads
 from ..cache import SaveReason
 from .grammars import GrammarCache
 from .prefix_cache import EngineCache
 from .request import Request, next_ref
-from .scheduler import BatchPlan, plan_batch
+from .scheduler import plan_batch
+from .adapter_ops import AdapterOps, AdapterSlot
+from .cache_saves import CacheSaves
+from .recovery import Recovery
+from .session_ops import COMMAND_TIMEOUT_S, SessionOps
 from .sessions import SessionTable, common_prefix
 
 DEFAULT_N_CTX = 8192
-COMMAND_TIMEOUT_S = 5.0
 COUNTER_NAMES = ("decode_calls", "decoded_tokens", "decode_aborted", "decode_timeouts", "finished_stop",
                  "finished_length", "finished_cancelled", "hits_cold", "hits_sticky", "hits_partial",
                  "hits_exact", "sessions_reclaimed", "sessions_reset", "cache_restore_failed",
                  "cache_saves_dropped", "cache_evicted_sessions", "adapter_changes")
 
 
-class Engine:
+class Engine(SessionOps, AdapterOps, CacheSaves, Recovery):
     """A loaded model and its loop thread. Create with :meth:`load`."""
 
     def __init__(self, model_id: str, path: Path, cfg: LoadConfig, native_model: Any, ctx_params: dict[str, Any]):
@@ -162,24 +166,6 @@ class Engine:
             if req.ref in self._in_decode and req.phase == "prefilling":
                 self.ctx.request_abort()
             self._cv.notify()
-
-    def end_session(self, session_id: Hashable) -> None:
-        self._call(lambda: self._end_session(session_id))
-
-    def reset_session(self, session_id: Hashable) -> str:
-        """Force-drop a session (its in-flight request ends with SessionReset)."""
-        return self._call(lambda: self._reset_session(session_id), interrupt=True)
-
-    def evict(self, reason: SaveReason = SaveReason.EVICT) -> int:
-        """Save every idle session's live KV to the prefix cache and release its sequence
-        (the session keeps its transcript; its next turn restores from the cache). Bounded
-        by evict_save_timeout_ms; returns the rows saved."""
-        return self._call(lambda: self._evict_sessions(reason), interrupt=False,
-                          timeout=self.cfg.evict_save_timeout_ms / 1000 + COMMAND_TIMEOUT_S)
-
-    def session_info(self) -> list[dict[str, Any]]:
-        with self._cv:
-            return [s.info() for s in self.sessions]
 
     def queue_depth(self) -> int:
         """Requests running on a sequence now."""
@@ -415,38 +401,6 @@ class Engine:
         self.last_hit = {"ref": req.ref, "kind": req.hit_kind, "reused_tokens": reuse,
                          "prompt_tokens": len(req.prompt), "session_id": req.opts.session_id}
 
-    def _save_points(self, req: Request) -> list[tuple[int, SaveReason]]:
-        """Where this request's prefill stops to save a row: the agent prefix, cold
-        checkpoints of a long prompt, and the end of the prompt."""
-        n, start = len(req.prompt), req.n_past
-        base = SaveReason.COLD if req.hit_kind == "cold" else SaveReason.CONTINUED
-        points: dict[int, SaveReason] = {}
-        every = self.cfg.cold_checkpoint_interval
-        if every:
-            for pos in range(every, n, every):
-                if pos > start:
-                    points[pos] = base
-        if n >= self.cfg.cache_min_tokens and req.prompt_key is None:
-            points[n] = base
-        agent = req.opts.prefix_checkpoint_len
-        if agent is not None and agent > start:
-            points[agent] = SaveReason.AGENT_PREFIX
-        elif agent is not None:
-            # already in the KV (restored or sticky): pin the row of exactly that prefix
-            key = self.kvcache.key_for(req.prompt[:agent], req.opts.cache_scope)  # type: ignore[union-attr]
-            if key in self.kvcache.cache:  # type: ignore[union-attr]
-                self.kvcache.cache.pin(key)  # type: ignore[union-attr]
-        return sorted(points.items())
-
-    def _save(self, req: Request, tokens: list[int], reason: SaveReason) -> str | None:
-        assert self.kvcache is not None and req.seq is not None
-        key = self.kvcache.save(self.ctx, req.seq, tokens, req.opts.cache_scope, reason, sync=req.sync_saves)
-        if key is None:
-            self.counters["cache_saves_dropped"] += 1
-        else:
-            req.rows_created += 1
-        return key
-
     # --- per token -----------------------------------------------------------------------
     def _sample(self, req: Request, row: int) -> None:
         token = req.sampler.sample(self.ctx, row)
@@ -503,133 +457,6 @@ class Engine:
                 self._free_seqs.append(req.seq)
                 self._free_seqs.sort()
                 req.seq = None
-
-    # --- sessions (run on the loop thread through _call) ------------------------------------
-    def _end_session(self, session_id: Hashable) -> None:
-        sess = self.sessions.get(session_id)
-        if sess is None:
-            raise NoSession(session_id)
-        if sess.busy_ref is not None:
-            raise SessionBusy(session_id, sess.busy_ref)
-        self.sessions.drop(session_id)
-        self._free_session_seq(sess)
-
-    def _reset_session(self, session_id: Hashable) -> str:
-        sess = self.sessions.drop(session_id)
-        if sess is None:
-            return "not_found"
-        req = self.requests.get(sess.busy_ref) if sess.busy_ref is not None else None
-        if req is not None:
-            with self._cv:
-                if req in self.pending:
-                    self.pending.remove(req)
-            if req.seq == sess.seq:
-                sess.seq = None  # the request's retire frees it
-            self._retire(req, keep_kv=False)
-            req.fail(SessionReset(f"session {session_id!r} was reset"))
-        self._free_session_seq(sess)
-        self.counters["sessions_reset"] += 1
-        return "recovered"
-
-    def _evict_sessions(self, reason: SaveReason) -> int:
-        deadline = time.monotonic() + self.cfg.evict_save_timeout_ms / 1000
-        saved = 0
-        with self._cv:
-            idle = self.sessions.idle_pinned()
-        for sess in idle:
-            if self.kvcache is not None and sess.tokens and time.monotonic() < deadline:
-                if self.kvcache.save(self.ctx, sess.seq, sess.tokens, sess.scope, reason, sync=True):
-                    saved += 1
-            self._free_session_seq(sess)
-            self.counters["cache_evicted_sessions"] += 1
-        return saved
-
-    def _free_session_seq(self, sess: Any) -> None:
-        if sess.seq is not None:
-            self.ctx.seq_rm(sess.seq, -1, -1)
-            with self._cv:
-                self._free_seqs.append(sess.seq)
-                self._free_seqs.sort()
-            sess.seq = None
-
-    # --- LoRA adapters ---------------------------------------------------------------------
-    def request_adapters(self, change: Callable[[list[AdapterSlot]], list[AdapterSlot]]) -> None:
-        """Change the adapter set (any thread); it applies before the next admission."""
-        with self._cv:
-            current = self._adapter_target if self._adapter_target is not None else self.adapters
-            self._adapter_target = change(list(current))
-            self._cv.notify()
-
-    def adapter_list(self) -> list[AdapterSlot]:
-        with self._cv:
-            return list(self._adapter_target if self._adapter_target is not None else self.adapters)
-
-    def _apply_adapters(self) -> None:
-        with self._cv:
-            target, self._adapter_target = self._adapter_target or [], None
-        live = [a for a in target if a.scale != 0.0]   # scale 0 is exactly the base model
-        _native.set_adapters(self.ctx, [a.native for a in live], [a.scale for a in live])
-        self.adapters = target
-        if self.kvcache is not None:
-            self.kvcache.set_adapters(tuple((a.sha256, a.scale) for a in live))
-        for sess in self.sessions.idle_pinned():       # their live KV was computed under the old set
-            self._free_session_seq(sess)
-        self.counters["adapter_changes"] += 1
-
-    # --- decode failures -----------------------------------------------------------------
-    def _decode_failed(self, rc: int, plan: BatchPlan) -> None:
-        # roll every sequence in the batch back to where it was: ubatches already
-        # processed stay in the KV cache after an abort or a fatal error
-        for s in plan.slices:
-            self.ctx.seq_rm(s.request.seq, s.request.n_past, -1)
-        reason = self.ctx.abort_reason if rc == 2 else ""
-        self.ctx.clear_abort()
-        if rc == 2 and reason == "cancelled":
-            self.counters["decode_aborted"] += 1
-            return  # cancelled requests finish next tick; the others redo their rows
-        if rc == 2 and reason == "timeout":
-            self.counters["decode_timeouts"] += 1
-            self._recreate_context(DecodeTimeout(
-                f"a decode step ran past decode_budget_ms={self.cfg.decode_budget_ms} and was aborted; "
-                "the context was recreated"))
-            return
-        if rc == 1 and self.active:
-            # no KV slot: the sequences together outgrew the shared context; the newest yields
-            victim = self.active[-1]
-            self._retire(victim, keep_kv=False)
-            victim.fail(ContextOverflow(victim.n_past + len(victim.feed), self.ctx.n_ctx,
-                                        "the KV cache is full with the other running sequences"))
-            return
-        err = DecodeFailed(rc)
-        for s in plan.slices:
-            req: Request = s.request  # type: ignore[assignment]
-            self._retire(req, keep_kv=False)
-            req.fail(err)
-
-    def _recreate_context(self, err: Exception) -> None:
-        """Fail what runs, rebuild the context (the model stays loaded), back to idle."""
-        for req in list(self.active):
-            self._retire(req, keep_kv=False)
-            req.fail(err)
-        self.ctx.close()
-        self.ctx = _native.Context(self.model, self.ctx_params)
-        live = [a for a in self.adapters if a.scale != 0.0]
-        _native.set_adapters(self.ctx, [a.native for a in live], [a.scale for a in live])
-        with self._cv:
-            self.sessions.unpin_all()
-            self._free_seqs = list(range(self.ctx.n_seq_max))
-
-
-@dataclass(slots=True, frozen=True)
-class AdapterSlot:
-    handle: int
-    native: Any
-    path: str
-    sha256: str
-    scale: float
-
-    def info(self) -> dict[str, Any]:
-        return {"adapter": self.handle, "scale": self.scale, "path": self.path, "sha256": self.sha256}
 
 
 def _sampler_params(req: Request) -> dict[str, Any]:
