@@ -381,7 +381,7 @@ class Engine(SessionOps, AdapterOps, CacheSaves, Recovery):
         reuse = min(common_prefix(req.kv_tokens, req.prompt), len(req.prompt) - 1)
         req.hit_kind = "sticky" if reuse > 0 else "cold"
         use_cache = self.kvcache is not None and req.opts.cache
-        if reuse == 0 and use_cache:
+        if reuse == 0 and use_cache and len(req.prompt) > 1:
             restored = self.kvcache.restore(self.ctx, req.seq, req.prompt, req.opts.cache_scope,
                                             req.opts.parent_key)
             if restored is not None:
