@@ -52,7 +52,7 @@ model: build
 demo: model
 	$(PY) -m workbench.demo
 
-test: model tools
+test: model tools build/.chromium-checked
 	WORKBENCH_REQUIRE_TOOLS=1 $(PY) -m pytest $(PYTEST_ARGS)
 
 test-heavy: model tools
@@ -63,6 +63,31 @@ bench: model tools
 
 vendor-check:
 	$(PY) vendor/fetch_llama.py --check
+
+# --- notebooks and the browser test ------------------------------------------------------------
+# `make test` runs the tutorial notebooks (nbval compares their stored outputs) and the
+# JupyterLab browser test, which drives Debian's Chromium with Playwright (no browser
+# download); the test is skipped where no Chromium could be installed.
+.PHONY: notebooks test-notebooks test-browser
+
+build/.chromium-checked:
+	@if ! command -v chromium >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    (apt-get update -qq && apt-get install -y -qq chromium) >/dev/null 2>&1 \
+	      || echo "make: could not install chromium; the browser test will be skipped"; \
+	  else echo "make: chromium not found; the browser test will be skipped"; fi; \
+	fi
+	@mkdir -p $(@D) && touch $@
+
+# run the notebooks again and store their outputs (after changing a notebook or the library)
+notebooks: model
+	$(PY) tests/notebooks/run_notebooks.py
+
+test-notebooks: model
+	$(PY) -m pytest notebooks $(PYTEST_ARGS)
+
+test-browser: model build/.chromium-checked
+	WORKBENCH_REQUIRE_BROWSER=1 $(PY) -m pytest -m browser tests/notebooks/test_browser.py $(PYTEST_ARGS)
 
 clean:
 	rm -rf build $(VENV) .ccache-checked

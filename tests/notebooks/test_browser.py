@@ -1,0 +1,229 @@
+"""The quickstart notebook in a real browser: JupyterLab on 127.0.0.1 (a random port, a
+token, a temporary copy of the notebooks with their outputs cleared, Jupyter's config, data
+and settings directories private to the test), driven by Playwright with the system's
+Chromium (Debian's `chromium` package: Playwright's own browser download is never used).
+
+"Run All Cells" on 01-quickstart, then check what a user sees: the first %%generate widget
+received its reply in several pieces (it streamed), both widgets finished, the first badge
+reads `cold` and the second `exact`, and both show the same reply. A screenshot goes to
+test-artifacts/jupyterlab-01-quickstart.png.
+
+Marked `browser`. Skipped when Playwright, JupyterLab or Chromium is missing, unless
+WORKBENCH_REQUIRE_BROWSER=1 (then it fails).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NoReturn
+
+import nbformat
+import pytest
+
+pytestmark = [pytest.mark.browser, pytest.mark.model]
+
+ROOT = Path(__file__).resolve().parents[2]
+NOTEBOOKS = ROOT / "notebooks"
+ARTIFACTS = ROOT / "test-artifacts"
+NOTEBOOK = "01-quickstart.ipynb"
+SCREENSHOT = ARTIFACTS / "jupyterlab-01-quickstart.png"
+CHROMIUM_NAMES = ("chromium", "chromium-browser")
+STEP_TIMEOUT_S = 90
+
+# JupyterLab settings for a quiet, predictable page: no news or update notifications, and
+# every cell kept in the DOM (no windowing), so all outputs can be read.
+LAB_SETTINGS = {
+    "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {"fetchNews": "false",
+                                                                         "checkForUpdates": False},
+    "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"windowingMode": "none"},
+}
+
+# Records the text length of the first widget's reply each time the page changes, so the
+# test can tell a reply that streamed in pieces from one that appeared at once.
+WATCH_FIRST_REPLY = """() => {
+  window.__wbReplyLengths = [];
+  const seen = () => {
+    const reply = document.querySelector('.jupyter-widgets .wb-reply');
+    const n = reply ? reply.textContent.length : -1;
+    const all = window.__wbReplyLengths;
+    if (all.length === 0 || all[all.length - 1] !== n) all.push(n);
+  };
+  new MutationObserver(seen).observe(document.body, {subtree: true, childList: true, characterData: true});
+}"""
+
+
+def _missing(what: str) -> NoReturn:
+    if os.environ.get("WORKBENCH_REQUIRE_BROWSER") == "1":
+        pytest.fail(f"{what} (WORKBENCH_REQUIRE_BROWSER=1)")
+    pytest.skip(what)
+
+
+def _require(module: str) -> Any:
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        _missing(f"{module} is not installed")
+
+
+def _chromium() -> str:
+    for name in CHROMIUM_NAMES:
+        found = shutil.which(name)
+        if found:
+            return found
+    _missing("no system Chromium (apt-get install chromium)")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class Lab:
+    url: str
+    token: str
+    log: Path
+
+    def api(self, path: str) -> Any:
+        request = urllib.request.Request(f"{self.url}{path}", headers={"Authorization": f"token {self.token}"})
+        with urllib.request.urlopen(request, timeout=5) as reply:
+            return json.loads(reply.read())
+
+    def tail(self) -> str:
+        return self.log.read_text(errors="replace")[-3000:]
+
+
+def _copy_notebooks(dest: Path) -> None:
+    """The tutorials without their stored outputs, so whatever the page shows is fresh."""
+    for path in sorted(NOTEBOOKS.glob("[0-9][0-9]-*.ipynb")):
+        nb = nbformat.read(path, as_version=4)
+        for cell in nb.cells:
+            if cell.cell_type == "code":
+                cell.outputs, cell.execution_count = [], None
+        nbformat.write(nb, dest / path.name)
+
+
+def _lab_env(home: Path) -> dict[str, str]:
+    """This environment without Jupyter's paths of the user (their kernelspecs, settings
+    and workspaces) and without WORKBENCH_DISPLAY, so the kernel shows widgets."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JUPYTER", "WORKBENCH_DISPLAY"))}
+    dirs = {"JUPYTER_CONFIG_DIR": "config", "JUPYTER_DATA_DIR": "data", "JUPYTER_RUNTIME_DIR": "runtime",
+            "JUPYTERLAB_SETTINGS_DIR": "settings", "JUPYTERLAB_WORKSPACES_DIR": "workspaces"}
+    for var, sub in dirs.items():
+        (home / sub).mkdir(parents=True, exist_ok=True)
+        env[var] = str(home / sub)
+    for rel, values in LAB_SETTINGS.items():
+        path = home / "settings" / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(values))
+    return env
+
+
+def _wait_until(lab: Lab, proc: subprocess.Popen[bytes], ready: Any, what: str) -> None:
+    deadline = time.monotonic() + STEP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"JupyterLab exited ({proc.returncode}):\n{lab.tail()}")
+        try:
+            if ready():
+                return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise TimeoutError(f"{what} within {STEP_TIMEOUT_S} s:\n{lab.tail()}")
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Lab, subprocess.Popen[bytes]]]:
+    _require("jupyterlab"), _require("playwright.sync_api"), _chromium()  # skip before starting anything
+    base = tmp_path_factory.mktemp("jupyterlab")
+    root, home = base / "notebooks", base / "home"
+    root.mkdir()
+    _copy_notebooks(root)
+    port = _free_port()
+    server = Lab(f"http://127.0.0.1:{port}", secrets.token_hex(24), base / "jupyterlab.log")
+    cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1",
+           f"--ServerApp.port={port}", "--ServerApp.port_retries=0", f"--IdentityProvider.token={server.token}",
+           f"--ServerApp.root_dir={root}", "--ServerApp.allow_root=True", "--LabApp.news_url=None"]
+    with server.log.open("wb") as out:
+        proc = subprocess.Popen(cmd, cwd=root, env=_lab_env(home), stdout=out, stderr=subprocess.STDOUT)
+    try:
+        _wait_until(server, proc, lambda: "started" in server.api("/api/status"), "JupyterLab did not answer")
+        yield server, proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _kernel_ready(lab: Lab) -> bool:
+    """The page's kernel is up, idle and connected to the page. Clicking "Run All Cells"
+    earlier (the notebook's own status already reads idle) can lose the executions."""
+    kernels = lab.api("/api/kernels")
+    return len(kernels) == 1 and kernels[0]["execution_state"] == "idle" and kernels[0]["connections"] >= 1
+
+
+def _run_all(page: Any) -> None:
+    page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
+    page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
+
+
+def test_quickstart_streams_into_widgets_and_the_second_run_is_exact(lab: tuple[Lab, Any]) -> None:
+    server, proc = lab
+    sync_api = _require("playwright.sync_api")
+    chromium = _chromium()
+    code_cells = sum(c.cell_type == "code" for c in nbformat.read(NOTEBOOKS / NOTEBOOK, as_version=4).cells)
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, headless=True)
+        page = browser.new_page(viewport={"width": 1280, "height": 1000})
+        page.set_default_timeout(STEP_TIMEOUT_S * 1000)
+        try:
+            page.goto(f"{server.url}/lab/tree/{NOTEBOOK}?token={server.token}")
+            page.wait_for_selector(".jp-Notebook .jp-CodeCell")
+            _wait_until(server, proc, lambda: _kernel_ready(server), "the notebook's kernel was not ready")
+            page.evaluate(WATCH_FIRST_REPLY)
+            _run_all(page)
+            try:  # a cell starts within seconds; if none did, the click was lost: once more
+                page.wait_for_function("() => [...document.querySelectorAll('.jp-CodeCell .jp-InputArea-prompt')]"
+                                       ".some(p => /[\\d*]/.test(p.textContent))", timeout=30_000)
+            except sync_api.TimeoutError:
+                _run_all(page)
+            page.wait_for_function(
+                f"() => [...document.querySelectorAll('.jp-CodeCell .jp-InputArea-prompt')]"
+                f".filter(p => /\\d/.test(p.textContent)).length === {code_cells}")
+            widgets = page.locator(".jupyter-widgets.widget-vbox:has(.wb-reply)")
+            widgets.nth(1).scroll_into_view_if_needed()
+            page.screenshot(path=str(SCREENSHOT))
+            seen = [{"badge": w.locator(".wb-badge").inner_text(), "state": w.locator(".wb-state").inner_text(),
+                     "reply": w.locator(".wb-reply").inner_text()} for w in widgets.all()]
+            lengths = page.evaluate("() => window.__wbReplyLengths")
+            printed = page.locator(".jp-OutputArea-output").all_inner_texts()
+        except Exception:
+            page.screenshot(path=str(ARTIFACTS / "jupyterlab-01-quickstart-failed.png"))
+            raise
+        finally:
+            browser.close()
+    assert [w["badge"] for w in seen] == ["cold", "exact"], seen
+    assert [w["state"] for w in seen] == ["done", "done"], seen
+    assert seen[0]["reply"].strip() and seen[0]["reply"] == seen[1]["reply"], seen
+    pieces = sorted({n for n in lengths if n > 0})
+    assert len(pieces) >= 3 and pieces[-1] == len(seen[0]["reply"]), f"the reply did not stream: {lengths}"
+    assert any("same reply as the first run: True" in text for text in printed), printed
+    assert not any("Traceback" in text or "Error" in text for text in printed), printed
