@@ -33,6 +33,24 @@ T get_param(const py::dict & params, const char * key, T fallback) {
 
 }  // namespace
 
+llama_context * init_context(llama_model * model, const llama_context_params & params, const char * what) {
+    llama_context * ctx = nullptr;
+    {
+        py::gil_scoped_release release;
+        clear_recent_log();
+        try {
+            ctx = llama_init_from_model(model, params);
+        } catch (const std::exception &) {
+            ctx = nullptr;
+        }
+    }
+    if (ctx == nullptr) {
+        std::string why = recent_log();
+        throw NativeError(std::string("llama.cpp could not create ") + what + (why.empty() ? "" : ": " + why));
+    }
+    return ctx;
+}
+
 bool Context::abort_callback(void * data) {
     auto * self = static_cast<Context *>(data);
     if (self->abort_flag_.load(std::memory_order_relaxed)) {
@@ -77,19 +95,7 @@ Context::Context(std::shared_ptr<Model> model_, const py::dict & params) : model
     cp.abort_callback_data = this;
 
     llama_model * lm = model->get();
-    {
-        py::gil_scoped_release release;
-        clear_recent_log();
-        try {
-            ctx_ = llama_init_from_model(lm, cp);
-        } catch (const std::exception &) {
-            ctx_ = nullptr;
-        }
-    }
-    if (ctx_ == nullptr) {
-        std::string why = recent_log();
-        throw NativeError("llama.cpp could not create a context" + (why.empty() ? "" : ": " + why));
-    }
+    ctx_ = init_context(lm, cp, "a context");
     n_ctx = llama_n_ctx(ctx_);
     n_batch = llama_n_batch(ctx_);
     n_ubatch = llama_n_ubatch(ctx_);

@@ -52,19 +52,7 @@ public:
         cp.n_threads = n_threads;
         cp.n_threads_batch = n_threads;
         cp.no_perf = true;
-        {
-            py::gil_scoped_release release;
-            clear_recent_log();
-            try {
-                ctx_ = llama_init_from_model(lm, cp);
-            } catch (const std::exception &) {
-                ctx_ = nullptr;
-            }
-        }
-        if (ctx_ == nullptr) {
-            std::string why = recent_log();
-            throw NativeError("llama.cpp could not create an embedding context" + (why.empty() ? "" : ": " + why));
-        }
+        ctx_ = init_context(lm, cp, "an embedding context");
         n_ctx = llama_n_ctx(ctx_);
         n_batch = std::min<uint32_t>(llama_n_batch(ctx_), llama_n_ubatch(ctx_));
         n_seq_max = llama_n_seq_max(ctx_);

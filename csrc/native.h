@@ -113,6 +113,9 @@ private:
 
 void check_seq(const Context & ctx, llama_seq_id seq);
 
+// llama_init_from_model with the GIL released; NativeError carrying llama.cpp's log if it fails.
+llama_context * init_context(llama_model * model, const llama_context_params & params, const char * what);
+
 void bind_model(py::module_ & m);
 void bind_context(py::module_ & m);
 void bind_sampler(py::module_ & m);
