@@ -1,6 +1,8 @@
 // Per-request sampler chains (llama.cpp's own samplers, built in common's order).
 #include "native.h"
 
+#include "reasoning-budget.h"
+
 #include <pybind11/stl.h>
 
 #include <cmath>
@@ -40,6 +42,19 @@ public:
         cp.no_perf = true;
         chain_ = llama_sampler_chain_init(cp);
         const llama_vocab * vocab = model->vocab();
+        if (p.contains("reasoning_budget") && !p["reasoning_budget"].is_none()) {
+            // llama.cpp common's reasoning-budget sampler, first in the chain as in
+            // common_sampler: after `budget` tokens inside the block it forces the end
+            // marker token by token, so the model's KV holds a closed block
+            try {
+                add_reasoning_budget(p["reasoning_budget"].cast<py::dict>());
+            } catch (...) {
+                if (grammar_s != nullptr) llama_sampler_free(grammar_s);
+                close();
+                throw;
+            }
+            has_budget_ = true;
+        }
         if (grammar_s != nullptr) llama_sampler_chain_add(chain_, grammar_s);
         if (ignore_eos_) {
             // as llama-server's ignore_eos: end-of-generation tokens get -inf logits
@@ -55,7 +70,7 @@ public:
         }
         // Plain greedy needs no candidate array: an argmax over the logits row gives the same
         // token as llama.cpp's greedy sampler (first maximum wins) at a fraction of the cost.
-        fast_greedy_ = temperature <= 0.0 && !has_grammar && repeat_penalty == 1.0;
+        fast_greedy_ = temperature <= 0.0 && !has_grammar && !has_budget_ && repeat_penalty == 1.0;
         if (temperature <= 0.0) {
             llama_sampler_chain_add(chain_, llama_sampler_init_greedy());
         } else {
@@ -72,6 +87,7 @@ public:
         if (chain_ != nullptr) {
             llama_sampler_free(chain_);
             chain_ = nullptr;
+            budget_ = nullptr;
         }
     }
 
@@ -106,6 +122,19 @@ public:
         if (chain_ != nullptr) llama_sampler_reset(chain_);
     }
 
+    // "inside" (forcing or counting), "done" or "idle"; None without a budget
+    py::object budget_state() const {
+        if (budget_ == nullptr) return py::none();
+        switch (common_reasoning_budget_get_state(budget_)) {
+            case REASONING_BUDGET_IDLE: return py::str("idle");
+            case REASONING_BUDGET_COUNTING: return py::str("counting");
+            case REASONING_BUDGET_WAITING_UTF8: return py::str("waiting_utf8");
+            case REASONING_BUDGET_FORCING: return py::str("forcing");
+            case REASONING_BUDGET_DONE: return py::str("done");
+        }
+        return py::str("unknown");
+    }
+
     std::shared_ptr<Model> model;
 
 private:
@@ -125,7 +154,29 @@ private:
         return best < 0 ? 0 : best;
     }
 
+    void add_reasoning_budget(const py::dict & rb) {
+        auto tokens = [&](const char * key) {
+            auto ids = rb.contains(key) ? rb[key].cast<llama_tokens>() : llama_tokens{};
+            for (llama_token t : ids) model->check_token(t);
+            return ids;
+        };
+        const llama_tokens start = tokens("start"), end = tokens("end"), forced = tokens("forced");
+        const bool inside = rb.contains("inside") && rb["inside"].cast<bool>();
+        const long long budget = rb["budget"].cast<long long>();
+        if (end.empty() || forced.empty()) throw py::value_error("reasoning_budget: the end marker has no tokens");
+        if (budget < 0 || budget > INT32_MAX) throw py::value_error("reasoning_budget: budget out of range");
+        std::vector<llama_tokens> starts;
+        if (!start.empty()) starts.push_back(start);
+        // inside: the prompt opened the block, so the count starts at the first generated token
+        budget_ = common_reasoning_budget_init(model->vocab(), starts, {end}, forced, (int32_t)budget,
+                                               inside ? REASONING_BUDGET_COUNTING : REASONING_BUDGET_IDLE);
+        if (budget_ == nullptr) throw NativeError("could not create the reasoning-budget sampler");
+        llama_sampler_chain_add(chain_, budget_);   // the chain owns it from here
+    }
+
     llama_sampler * chain_ = nullptr;
+    llama_sampler * budget_ = nullptr;  // owned by chain_
+    bool has_budget_ = false;
     bool fast_greedy_ = false;
     bool ignore_eos_ = false;
 };
@@ -140,6 +191,8 @@ void bind_sampler(py::module_ & m) {
         .def("accept", &Sampler::accept, py::arg("token"),
              "Feed a token the sampler did not choose (e.g. prompt tokens for penalties).")
         .def("reset", &Sampler::reset)
+        .def_property_readonly("budget_state", &Sampler::budget_state,
+                               "The reasoning-budget sampler's state, None without one.")
         .def("close", &Sampler::close);
 }
 

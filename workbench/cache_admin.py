@@ -63,6 +63,15 @@ def cache_rows() -> list[dict[str, Any]]:
     return prefix_cache.shared_cache().rows()
 
 
+def wait_for_saves(timeout_s: float | None = 30.0) -> bool:
+    """Wait until every background row save has been written (or dropped); False on
+    timeout. complete()/stream() save finish rows off the decode path."""
+    if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float))
+                                  or timeout_s < 0):
+        raise InvalidOption("timeout_s", timeout_s, "a number of seconds >= 0, or None (no bound)")
+    return prefix_cache.shared_cache().wait_for_saves(timeout_s)
+
+
 def evict_bytes(n: int, tier: str | None = None) -> int:
     """Free at least ``n`` bytes of ``tier`` (default: the top one), demoting rows down the
     tiers by its policy; pinned rows go last. Returns the bytes freed there."""

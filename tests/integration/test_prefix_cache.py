@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import workbench as wb
+from workbench.errors import InvalidOption
 
 pytestmark = pytest.mark.model
 
@@ -49,13 +50,50 @@ def test_warm_restore_is_token_exact_per_tier(model, cache_tiers, kind):
     assert longer.tokens == wb.complete(model, long_prompt + "<|im_end|>", response_tokens=16, cache=False).tokens
 
 
+TOPICS = ("the water cycle", "how a bicycle gear works", "why the sky is blue")
+
+
+@pytest.mark.parametrize("topic", TOPICS)
+def test_warm_restore_is_token_exact_for_a_multi_chunk_prompt(model, topic):
+    """~1,000 tokens: the cold prefill runs in several 512-token chunks. Cold and warm both
+    decode the last prompt token alone (llama.cpp's CPU kernels are not batch-invariant, so
+    computing it inside a chunk in one run and alone in the other can change the reply)."""
+    facts = " ".join(f"Fact {i}: {topic} matters in case {i * 7 % 13}." for i in range(70))
+    prompt = (SYSTEM + f"<|im_start|>user\n{facts}\nSummarise {topic} in two sentences.<|im_end|>\n"
+              "<|im_start|>assistant\n")
+    n = len(wb.tokenize(model, prompt))
+    assert 900 < n < 1500
+    scope = f"multi-chunk-{topic}"
+    cold = wb.complete(model, prompt, response_tokens=24, cache=False)
+    first = wb.complete(model, prompt, response_tokens=24, cache_scope=scope)
+    assert first.stats.cache_hit_kind == "cold" and first.tokens == cold.tokens
+    assert wb.cached_prefix_len(model, prompt, cache_scope=scope) >= n - 1
+    warm = wb.complete(model, prompt, response_tokens=24, cache_scope=scope)
+    assert warm.stats.cache_hit_kind == "exact" and warm.stats.prefilled_tokens == 1
+    assert warm.tokens == cold.tokens
+
+
+@pytest.mark.load(cold_checkpoint_interval=128, cold_min_tokens=200, cold_max_tokens=400)
+def test_cold_checkpoints_stay_inside_the_band(fresh_model):
+    facts = " ".join(f"Fact {i}: tides follow the moon in case {i}." for i in range(45))
+    prompt = SYSTEM + f"<|im_start|>user\n{facts}<|im_end|>\n<|im_start|>assistant\n"
+    n = len(wb.tokenize(fresh_model, prompt))
+    assert n > 520
+    before = {r["key"] for r in wb.cache_rows()}
+    wb.prefill_only(fresh_model, prompt, cache_scope="band")
+    saved = sorted((r["n_tokens"], r["reason"]) for r in wb.cache_rows() if r["key"] not in before)
+    # checkpoints every 128 tokens, but only at 200..400; then the prompt without its last token
+    assert saved == [(256, "cold"), (384, "cold"), (n - 1, "cold")]
+
+
 def test_scopes_never_share_rows(model):
     wb.complete(model, PROMPT, response_tokens=4, cache_scope="tenant-a")
     assert wb.complete(model, PROMPT, response_tokens=4, cache_scope="tenant-a").stats.cache_hit_kind == "exact"
     other = wb.complete(model, PROMPT + " ", response_tokens=4, cache_scope="tenant-b")
     assert other.stats.cache_hit_kind == "cold"
     assert wb.cached_prefix_len(model, PROMPT, cache_scope="tenant-c") == 0
-    assert wb.cached_prefix_len(model, PROMPT, cache_scope="tenant-a") == len(wb.tokenize(model, PROMPT))
+    # the prompt row stops before the last prompt token (decoded alone, cold and warm alike)
+    assert wb.cached_prefix_len(model, PROMPT, cache_scope="tenant-a") == len(wb.tokenize(model, PROMPT)) - 1
 
 
 def test_multi_turn_text_chat_hits_at_least_the_previous_prompt(model):
@@ -98,6 +136,33 @@ def test_evict_saves_sessions_and_they_come_back_warm(fresh_model):
     assert r2.tokens == wb.complete(m, turn2, response_tokens=12, cache=False).tokens
 
 
+@pytest.mark.load(n_seq_max=2)
+def test_a_sessions_newest_row_is_live_until_the_session_ends(fresh_model, cache_tiers):
+    cache_tiers({"kind": "ram", "budget_bytes": 512 * 2**20})
+    m = fresh_model
+    r1 = wb.complete(m, PROMPT, session_id="s", response_tokens=12)
+    assert wb.wait_for_saves()
+    live = lambda: {r["key"] for r in wb.cache_rows() if r["live"]}  # noqa: E731
+    assert live() == {r1.finish_key}
+    turn2 = PROMPT + r1.reply + "<|im_end|>\n<|im_start|>user\nIn Fahrenheit?<|im_end|>\n<|im_start|>assistant\n"
+    r2 = wb.complete(m, turn2, session_id="s", response_tokens=12)
+    other = wb.complete(m, SYSTEM + "<|im_start|>user\nName a colour.<|im_end|>\n<|im_start|>assistant\n",
+                        response_tokens=8)
+    assert wb.wait_for_saves()
+    assert live() == {r2.finish_key} != {r1.finish_key}      # only the newest row of the session
+    # churn: freeing every byte of the ordinary rows leaves the live one
+    rows = wb.cache_rows()
+    ordinary = sum(r["bytes"] for r in rows if not r["live"] and not r["pinned"])
+    assert other.finish_key in {r["key"] for r in rows}
+    wb.evict_bytes(ordinary)
+    left = {r["key"] for r in wb.cache_rows()}
+    assert r2.finish_key in left and other.finish_key not in left
+    wb.end_session(m, "s")
+    assert live() == set()
+    with pytest.raises(InvalidOption):
+        wb.wait_for_saves(-1)
+
+
 SCRIPT = textwrap.dedent("""
     import json, sys
     import workbench as wb
@@ -125,11 +190,12 @@ def test_disk_rows_survive_a_restart_and_corrupt_ones_are_rejected(tmp_path, mod
     warm = _run(root, model_path, PROMPT, "complete")           # process 2 adopts the row
     assert warm["kind"] == "exact" and warm["rejected"] == 0
     assert warm["tokens"] == list(wb.complete(model, PROMPT, response_tokens=16, cache=False).tokens)
-    # flip one payload bit: the next start-up rejects, counts and removes the file
-    data = bytearray(files[0].read_bytes())
-    data[-100] ^= 0x01
-    files[0].write_bytes(bytes(data))
+    # flip one payload bit in every row: the next start-up rejects, counts and removes them
+    for f in files:
+        data = bytearray(f.read_bytes())
+        data[-100] ^= 0x01
+        f.write_bytes(bytes(data))
     again = _run(root, model_path, PROMPT, "complete")
-    assert again["rejected"] == 1 and again["kind"] == "cold"
-    assert not files[0].exists() or files[0].read_bytes() != bytes(data)
+    assert again["rejected"] == len(files) and again["kind"] == "cold"
+    assert not any(f.exists() and f.read_bytes() == b"" for f in files)
     assert os.listdir(root) is not None

@@ -15,8 +15,10 @@ NS = CacheNamespace("cd" * 32, scope="reference")
 def reference_replay(trace: Trace, policy: PolicySpec, size_bytes: int, bytes_per_token: int, *,
                      checkpoint_every: int | None = 2048, block_size: int = 16, min_tokens: int = 16,
                      saves: tuple[str, ...] = ("checkpoint", "agent_prefix", "prompt", "finish"),
+                     checkpoint_min: int = 0, checkpoint_max: int | None = None,
                      ) -> list[tuple[str, int]]:
-    """(hit kind, prefill tokens saved) per request, following the engine's save rules."""
+    """(hit kind, prefill tokens saved) per request, following the engine's rules
+    (`Engine._start`, `_save_points`, `_finish`), written out the plain way."""
     clock = [0.0]
     cache = TieredCache([RamTier("ram", size_bytes)], policy=policy, clock=lambda: clock[0],
                         block_size=block_size)
@@ -29,12 +31,13 @@ def reference_replay(trace: Trace, policy: PolicySpec, size_bytes: int, bytes_pe
         clock[0] = req.arrival_s
         prompt = trace.prompt_token_ids(i)
         plen = len(prompt)
-        match = cache.lookup(NS, prompt)
+        # no lookup for a one-token prompt: nothing could be reused
+        match = cache.lookup(NS, prompt) if plen > 1 else None
         matched = 0
         if match is not None and cache.get(match.key) is not None:
             matched = match.n_tokens
-        start = min(matched, plen - 1)
-        kind = "cold" if not matched else "exact" if matched >= plen else "partial"
+        start = min(matched, plen - 1)  # the last prompt token is always decoded alone
+        kind = "cold" if not matched else "exact" if matched >= plen - 1 else "partial"
         out.append((kind, start))
         reason = "continued" if matched else "cold"
 
@@ -43,13 +46,15 @@ def reference_replay(trace: Trace, policy: PolicySpec, size_bytes: int, bytes_pe
 
         points: dict[int, tuple[str, dict[str, Any]]] = {}
         if step:
-            for pos in range(step, plen, step):
-                if pos > start:
+            for pos in range(step, plen - 1, step):
+                if pos > start and checkpoint_min <= pos and (checkpoint_max is None or pos <= checkpoint_max):
                     points[pos] = (reason, {})
-        if "prompt" in saves and plen >= min_tokens and matched < plen:
-            points[plen] = (reason, {})
+        agent = None
         if "agent_prefix" in saves and req.pin_segments:
             agent = sum(int(trace.seg_len[s]) for s in req.prompt[:req.pin_segments])
+        if "prompt" in saves and plen - 1 >= min_tokens and plen - 1 > start and agent != plen:
+            points[plen - 1] = (reason, {})  # the prompt without its last token
+        if agent is not None:
             if agent > start:
                 points[agent] = ("agent_prefix", {})
             else:
@@ -62,7 +67,7 @@ def reference_replay(trace: Trace, policy: PolicySpec, size_bytes: int, bytes_pe
             put(pos, why, **kw)
         if "finish" in saves and req.reply is not None:
             full = prompt + trace.segment_tokens(req.reply)
-            n = len(full) - 1
+            n = len(full) - 1  # the end-of-turn token is sampled, never decoded
             if n > plen:
                 cache.put(NS, full[:n], b"\0" * (n * bytes_per_token), "finish")
     return out

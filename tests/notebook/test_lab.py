@@ -13,7 +13,7 @@ from .reference import reference_replay
 from workbench.cache import LRU, S3FIFO, get_policy
 from workbench.cache.types import RowStats
 from workbench.notebook import lab, traces
-from workbench.notebook.plan import build_plan, run_plan
+from workbench.notebook.plan import CHECKPOINT, build_plan, run_plan
 from workbench.notebook.traces import Trace
 
 EXACT_COLUMNS = ["policy", "size_bytes", "requests", "hits", "exact_hits", "partial_hits", "misses", "hit_ratio",
@@ -25,18 +25,76 @@ EXACT_COLUMNS = ["policy", "size_bytes", "requests", "hits", "exact_hits", "part
 
 def test_tiny_trace_exact_partial_and_cold() -> None:
     a = list(range(100, 140))           # 40 tokens
-    b = a + list(range(200, 220))       # extends a: partial hit of 40
+    b = a + list(range(200, 220))       # extends a: partial hit of 39 (the row a[:39])
     c = list(range(300, 330))           # unrelated: cold
     trace = Trace.from_prompts([a, a, b, c, b])
     df = lab.replay(trace, ["lru"], [10**6], bytes_per_token=1, checkpoint_every=None, workers=1)
     row = df.iloc[0]
-    # a: cold (saves a); a: exact; b: partial 40 (saves b); c: cold; b: exact
+    # the prompt row holds the prompt without its last token (n - 1), exact = matched >= n - 1:
+    # a: cold (saves a[:39]); a: exact (39 >= 40 - 1); b: partial 39 (39 < 60 - 1; saves
+    # b[:59]); c: cold (saves c[:29]); b: exact (59 >= 60 - 1)
     assert (row.misses, row.exact_hits, row.partial_hits) == (2, 2, 1)
     assert row.prompt_tokens == 40 + 40 + 60 + 30 + 60
-    # saved = min(matched, prompt - 1): 0 + 39 + 40 + 0 + 59
-    assert row.prefill_tokens_saved == 138
-    assert row.byte_hit_ratio == pytest.approx((40 + 40 + 60) / 230)
+    # saved = min(matched, prompt - 1): 0 + 39 + 39 + 0 + 59
+    assert row.prefill_tokens_saved == 137
+    assert row.byte_hit_ratio == pytest.approx((39 + 39 + 59) / 230)
     assert row.rows_saved == 3 and row.evictions == 0
+    assert row.bytes_end == 39 + 59 + 29
+
+
+def test_one_token_reply_saves_no_finish_row() -> None:
+    # turn 1: prompt 20 + 5 = 25 tokens, reply 1 token (its end-of-turn token alone, sampled,
+    # never decoded: the KV ends with the prompt, as after a prefill alone, and the engine
+    # saves a finish row only longer than the prompt); turn k+1 = turn k + reply (1) + user
+    # (5): prompts of 25, 31, 37 tokens, prompt rows of 24, 30, 36
+    trace = traces.multi_turn_chats(3, seed=1, concurrency=1, turns=(3, 3), system_tokens=(20, 20),
+                                    user_tokens=(5, 5), reply_tokens=(1, 1))
+    got = run_plan(build_plan(trace, checkpoint_every=None), get_policy("lru"), 10**9, 1, record=True)
+    # turn 2 matches turn 1's prompt row (24 < 31 - 1: partial), turn 3 turn 2's (30 < 36)
+    assert got["_requests"] == [("cold", 0), ("partial", 24), ("partial", 30)]
+    assert got["rows_saved"] == 3 and got["bytes_end"] == 24 + 30 + 36
+    assert got["_requests"] == reference_replay(trace, "lru", 10**9, 1, checkpoint_every=None)
+
+
+def test_a_repeated_prompt_is_an_exact_hit_on_its_prompt_row() -> None:
+    b = traces._Builder("again", 0)
+    system, user, reply = b.segment(20), b.segment(5), b.segment(3)
+    b.request([system, user], reply, 0.0)
+    b.request([system, user], reply, 1.0)
+    again = b.build()
+    got = run_plan(build_plan(again, checkpoint_every=None), get_policy("lru"), 10**9, 1, record=True)
+    # request 1 saves its prompt row (24) and a finish row (25 + 3 - 1 = 27); request 2 finds
+    # the prompt row (24 >= 25 - 1: exact) and saves nothing new
+    assert got["_requests"] == [("cold", 0), ("exact", 24)]
+    assert got["rows_saved"] == 2 and got["bytes_end"] == 24 + 27
+    assert got["_requests"] == reference_replay(again, "lru", 10**9, 1, checkpoint_every=None)
+
+
+def test_an_agent_prefix_of_the_whole_prompt_replaces_the_prompt_row() -> None:
+    b = traces._Builder("whole", 0)
+    system, task = b.segment(30), b.segment(6)
+    b.request([system], -1, 0.0, pin=1)        # the pinned prefix is all of the prompt: 30
+    b.request([system], -1, 1.0, pin=1)
+    b.request([system, task], -1, 2.0, pin=1)  # 36 tokens, prefix 30
+    trace = b.build()
+    got = run_plan(build_plan(trace, checkpoint_every=None), get_policy("lru"), 10**9, 1, record=True)
+    # request 0 saves the pinned row of 30 tokens and no prompt row of 29; request 1 finds it
+    # (30 >= 30 - 1: exact, reuses 29); request 2 reuses it (partial 30) and saves its prompt
+    # row of 35
+    assert got["_requests"] == [("cold", 0), ("exact", 29), ("partial", 30)]
+    assert got["rows_saved"] == 2 and got["bytes_end"] == 30 + 35
+    assert got["_requests"] == reference_replay(trace, "lru", 10**9, 1, checkpoint_every=None)
+
+
+def test_one_token_prompts_are_never_looked_up() -> None:
+    # block 1, a checkpoint every token: [5, 6, 7] saves [5] (checkpoint at 1) and [5, 6]
+    # (its prompt row); the prompt [5] then matches [5], but the engine skips the lookup of a
+    # one-token prompt (nothing could be reused), so it is cold and reads nothing
+    trace = Trace.from_prompts([[5, 6, 7], [5], [5, 6, 7]])
+    plan = build_plan(trace, block_size=1, checkpoint_every=1, min_tokens=1)
+    got = run_plan(plan, get_policy("lru"), 100, 1, record=True)["_requests"]
+    assert got == [("cold", 0), ("cold", 0), ("exact", 2)]
+    assert got == reference_replay(trace, "lru", 100, 1, block_size=1, checkpoint_every=1, min_tokens=1)
 
 
 def test_checkpoints_make_a_shared_prefix_reusable() -> None:
@@ -45,13 +103,48 @@ def test_checkpoints_make_a_shared_prefix_reusable() -> None:
     trace = Trace.from_prompts([q1, q2])
     plain = lab.replay(trace, ["lru"], [10**6], bytes_per_token=1, checkpoint_every=None, workers=1).iloc[0]
     every32 = lab.replay(trace, ["lru"], [10**6], bytes_per_token=1, checkpoint_every=32, workers=1).iloc[0]
-    assert plain.misses == 2                              # the saved prompt q1 is not a prefix of q2
-    assert every32.partial_hits == 1 and every32.prefill_tokens_saved == 64  # checkpoint at 32 and 64
+    assert plain.misses == 2                              # the saved q1[:66] is not a prefix of q2
+    # q1 (67 tokens) checkpoints at range(32, 67 - 1, 32) = 32, 64, and its prompt row is 66
+    assert every32.partial_hits == 1 and every32.prefill_tokens_saved == 64
+
+
+def test_checkpoint_band() -> None:
+    doc = list(range(1000, 1100))                         # 100 tokens shared
+    q1, q2 = doc + [5, 6, 7], doc + [8, 9, 10, 11]
+    trace = Trace.from_prompts([q1, q2])
+
+    def ckpts(**band: int | None) -> list[int]:
+        plan = build_plan(trace, checkpoint_every=16, **band)  # type: ignore[arg-type]
+        return [n for _, _, n, kind in plan.prefill[0] if kind == CHECKPOINT]
+
+    def saved(**band: int | None) -> int:
+        df = lab.replay(trace, ["lru"], [10**6], bytes_per_token=1, checkpoint_every=16, workers=1, **band)
+        ref = reference_replay(trace, "lru", 10**6, 1, checkpoint_every=16, **band)  # type: ignore[arg-type]
+        assert df.iloc[0].prefill_tokens_saved == sum(s for _, s in ref)
+        return int(df.iloc[0].prefill_tokens_saved)
+
+    # q1: 103 tokens, checkpoints at multiples of 16 below 103 - 1 = 102, inside the band
+    assert ckpts() == [16, 32, 48, 64, 80, 96]
+    assert ckpts(checkpoint_min=40, checkpoint_max=90) == [48, 64, 80]
+    assert ckpts(checkpoint_min=48, checkpoint_max=64) == [48, 64]        # both ends included
+    assert ckpts(checkpoint_min=97) == []                   # the first multiple in the band, 112, is >= 102
+    assert ckpts(checkpoint_max=15) == []
+    # q2 reuses the longest checkpoint in the band: 96, 80, none
+    assert (saved(), saved(checkpoint_max=90), saved(checkpoint_min=97)) == (96, 80, 0)
+    for bad, message in [(dict(checkpoint_min=-1), "checkpoint_min must be an int >= 0"),
+                         (dict(checkpoint_max=0), "checkpoint_max must be an int >= 1 or None"),
+                         (dict(checkpoint_min=50, checkpoint_max=40),
+                          r"checkpoint_max \(40\) must be >= checkpoint_min \(50\)")]:
+        with pytest.raises(ValueError, match=message):
+            lab.replay(trace, ["lru"], [100], **bad)  # type: ignore[arg-type]
+    params = lab.replay(trace, ["lru"], [100], checkpoint_min=32, checkpoint_max=64, workers=1).attrs["params"]
+    assert (params["checkpoint_min"], params["checkpoint_max"]) == (32, 64)
 
 
 def test_eviction_order_lru_with_small_budget() -> None:
     x, y, z = [1] * 20, [2] * 20, [3] * 20
-    # budget of two 20-token rows: x y x z (evicts y, the least recently used) y (miss) x (hit)
+    # each prompt saves a row of 19 tokens (without its last token); a budget of 40 holds two:
+    # x y x z (evicts y, the least recently used) y (evicts x) x (miss); lfu keeps x (hit once)
     trace = Trace.from_prompts([x, y, x, z, y, x])
     got = run_plan(build_plan(trace, checkpoint_every=None), get_policy("lru"), 40, 1, record=True)["_requests"]
     assert [k for k, _ in got] == ["cold", "cold", "exact", "cold", "cold", "cold"]
@@ -63,8 +156,9 @@ def test_finish_row_serves_the_next_chat_turn() -> None:
     trace = traces.multi_turn_chats(3, seed=1, concurrency=1, turns=(3, 3), system_tokens=(20, 20),
                                     user_tokens=(5, 5), reply_tokens=(7, 7))
     got = run_plan(build_plan(trace, checkpoint_every=None), get_policy("lru"), 10**9, 1, record=True)["_requests"]
-    # turn 2's prompt = turn 1's prompt (25) + reply (7) + user (5); the finish row holds
-    # the prompt and the reply without its end token: 25 + 6 tokens
+    # turn 2's prompt = turn 1's prompt (25) + reply (7) + user (5) = 37; the finish row
+    # holds the prompt and the reply without its end token: 25 + 6 = 31 tokens (the prompt
+    # row, 24, is shorter); turn 3's prompt is 37 + 7 + 5 = 49, turn 2's finish row 37 + 6
     assert got == [("cold", 0), ("partial", 31), ("partial", 31 + 1 + 5 + 6)]
 
 
@@ -88,6 +182,10 @@ CASES = {
                                           action_tokens=(2, 15), observation_tokens=(5, 40), concurrency=5), 48),
     "rag": (lambda: traces.rag_queries(300, seed=5, documents=40, doc_tokens=(10, 60), system_tokens=12,
                                        query_tokens=(3, 12), reply_tokens=(2, 20)), 32),
+    # replies of 1 to 3 tokens (one token: no finish row), 1-token messages, prompts of a
+    # few tokens: every row ends within a token or two of a prompt's end
+    "short": (lambda: traces.multi_turn_chats(300, seed=6, system_tokens=(1, 20), user_tokens=(1, 6),
+                                              reply_tokens=(1, 3), turns=(1, 8), concurrency=4), 16),
 }
 
 
@@ -103,6 +201,16 @@ def test_same_outcomes_as_a_real_tiered_cache(workload: str, policy: str) -> Non
         ref = reference_replay(trace, policy, size, 1, checkpoint_every=every)
         assert ours["_requests"] == ref
     assert any(kind != "cold" for kind, _ in ref)
+
+
+@pytest.mark.parametrize("workload", sorted(CASES))
+def test_checkpoint_band_agrees_with_a_real_tiered_cache(workload: str) -> None:
+    make, every = CASES[workload]
+    trace = make()
+    band = dict(checkpoint_min=every + 1, checkpoint_max=3 * every)  # the 2nd and 3rd checkpoints only
+    for policy in ("lru", "gdsf"):
+        ours = run_plan(build_plan(trace, checkpoint_every=every, **band), get_policy(policy), 1500, 1, record=True)
+        assert ours["_requests"] == reference_replay(trace, policy, 1500, 1, checkpoint_every=every, **band)
 
 
 # --- libCacheSim -------------------------------------------------------------------------------
@@ -123,15 +231,20 @@ def mixed_size(obj: int) -> int:
 def test_miss_ratio_equals_libcachesim(size_of, sizes) -> None:  # type: ignore[no-untyped-def]
     """Single-segment requests (one object each) through replay: the miss ratio of lru and
     s3fifo equals libCacheSim's LRU and S3FIFO on the same Zipf trace (sizes stay below
-    S3-FIFO's small queue, which libCacheSim would refuse)."""
+    S3-FIFO's small queue, which libCacheSim would refuse).
+
+    Object o is a prompt of size_of(o) + 1 tokens: the engine saves a prompt without its
+    last token, so its row is exactly size_of(o) tokens (bytes, at 1 byte a token), and
+    the next request for o finds it (size_of(o) >= n - 1: an exact hit, nothing saved)."""
     objects = traces.zipf_objects(12_000, 1_500, alpha=1.0, seed=42)
-    trace = traces.object_trace(objects, size_of)
+    trace = traces.object_trace(objects, lambda o: size_of(o) + 1)
     df = lab.replay(trace, ["lru", "s3fifo"], sizes, bytes_per_token=1, min_tokens=1, checkpoint_every=None,
                     workers=1)
     for row in df.itertuples():
         expected = reference_misses({"lru": "LRU", "s3fifo": "S3FIFO"}[row.policy], row.size_bytes, objects, size_of)
-        assert row.misses == expected
+        assert row.misses == expected and row.exact_hits == len(objects) - expected
         assert row.miss_ratio == expected / len(objects)
+        assert row.rows_saved == expected  # one row per miss (a miss is a libCacheSim insert)
 
 
 # --- policies given every way ------------------------------------------------------------------

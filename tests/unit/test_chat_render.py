@@ -277,6 +277,29 @@ def test_lazy_grammar_takes_the_template_triggers(qwen2):
         _native.grammar_make_lazy(_native.Grammar(model, r.grammar), [], [])
 
 
+def test_required_call_opens_the_reply_with_the_call_marker(qwen2):
+    model, template = qwen2
+    tmpls = _native.ChatTemplates(model, template)
+    r = render(model, tmpls, CONVERSATIONS["user"], [WEATHER], ChatOptions(tool_choice="required"))
+    assert r.tool_call_prefill == "<tool_call>\n" and r.prompt.endswith("<|im_start|>assistant\n<tool_call>\n")
+    g = _native.Grammar(model, r.grammar)
+    _native.grammar_prefill(g, r.generation_prompt)   # the grammar accepts the opened call
+    message, error = parse_reply(r.parser, '{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>')
+    assert error is None and message["tool_calls"][0]["arguments"] == {"city": "Oslo"}
+    plain = render(model, tmpls, CONVERSATIONS["user"], [WEATHER],
+                   ChatOptions(tool_choice="required", tool_call_prefill=False))
+    assert plain.tool_call_prefill == "" and plain.prompt.endswith("<|im_start|>assistant\n")
+    auto = render(model, tmpls, CONVERSATIONS["user"], [WEATHER], ChatOptions())
+    assert auto.tool_call_prefill == "" and auto.prompt == plain.prompt
+
+
+def test_required_needs_a_template_with_a_tool_format(smollm):
+    tmpls = _native.ChatTemplates(smollm, "")
+    with pytest.raises(InvalidOption, match="tool_choice.*no tool-call format"):
+        render(smollm, tmpls, CONVERSATIONS["user"], [WEATHER], ChatOptions(tool_choice="required"))
+    assert render(smollm, tmpls, CONVERSATIONS["user"], [WEATHER], ChatOptions()).grammar is None
+
+
 def test_continue_final_message(qwen2):
     model, template = qwen2
     tmpls = _native.ChatTemplates(model, template)

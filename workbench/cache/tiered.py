@@ -131,11 +131,13 @@ class TieredCache:
         reason: SaveReason | str = SaveReason.FINISH,
         *,
         pinned: bool = False,
+        live: bool = False,
         tier: str | None = None,
     ) -> str | None:
         """Store the KV `payload` of `tokens`; return its key, or None if it was not stored
         (too large for every tier, a key collision, or a write error). An agent_prefix
-        row is pinned; at most one row per namespace is pinned."""
+        row is pinned; at most one row per namespace is pinned. `live` marks it as a live
+        session's KV (see `set_live`)."""
         reason = SaveReason.parse(reason)
         pinned = pinned or reason is SaveReason.AGENT_PREFIX
         ns = namespace.digest()
@@ -147,9 +149,9 @@ class TieredCache:
         with self._lock:
             start = 0 if tier is None else self._stack.levels.index(self._stack.level(tier))
             if key in self._catalog or key in self._inflight:
-                return self._duplicate(key, ns, raw, pinned)
+                return self._duplicate(key, ns, raw, pinned, live)
             self._inflight[key] = (ns, raw)
-        stats = RowStats(key, len(payload), len(raw) // 4, now, pinned=pinned, reason=reason)
+        stats = RowStats(key, len(payload), len(raw) // 4, now, pinned=pinned, reason=reason, live=live)
         meta = RowMeta(key, ns, namespace.fingerprint_bytes, raw, reason, now, 0, pinned)
         try:
             stored = self._stack.place(Job(meta, stats, Detached(payload=bytes(payload)), start, new=True))
@@ -167,6 +169,12 @@ class TieredCache:
             if self._saves is None:
                 self._saves = SaveQueue(self._save_workers, self._max_pending, self._counters)
         return self._saves.submit(self.put, namespace, tokens, payload, reason, **kwargs)
+
+    def wait_for_saves(self, timeout: float | None = None) -> bool:
+        """Wait until the writer pool has no save pending; False on timeout."""
+        with self._lock:
+            saves = self._saves
+        return True if saves is None else saves.drain(timeout)
 
     def get(self, key: str, *, promote: bool = True) -> bytes | None:
         """The payload of a row (verified if it comes from a file), or None. A hit in a lower
@@ -349,7 +357,7 @@ class TieredCache:
             self._saves.close(wait=wait)
 
     # -- internals (lock held) -------------------------------------------------------------
-    def _duplicate(self, key: str, ns: bytes, raw: bytes, pinned: bool) -> str | None:
+    def _duplicate(self, key: str, ns: bytes, raw: bytes, pinned: bool, live: bool) -> str | None:
         if self._catalog.conflicts(key, ns, raw) or self._inflight.get(key, (ns, raw)) != (ns, raw):
             self._counters.inc("key_collisions")
             return None
@@ -357,6 +365,8 @@ class TieredCache:
         entry = self._catalog.get(key)
         if pinned and entry is not None:
             self._catalog.pin(entry)
+        if live and entry is not None:
+            entry.stats.live = True
         return key
 
     def _adopt(self, level: Level, meta: RowMeta, size: int) -> None:

@@ -73,6 +73,7 @@ class RenderedChat:
     thinking_start: str | None
     thinking_end: str | None
     parser: Any = field(default=None, repr=False, compare=False)
+    tool_call_prefill: str = ""     # the call marker the reply was opened with ('' = none)
 
 
 def render(native_model: Any, templates: Any, messages: Any, tools: Any = None,
@@ -94,13 +95,31 @@ def render(native_model: Any, templates: Any, messages: Any, tools: Any = None,
         raise InvalidOption("continue_final_message", True, "an assistant message without tool calls last")
     if opts.thinking_budget_tokens is not None and opts.thinking != "enabled":
         raise InvalidOption("thinking_budget_tokens", opts.thinking_budget_tokens, "thinking='enabled'")
-    try:
-        r = templates.apply(json.dumps(msgs), json.dumps(tool_list) if tool_list else "", choice,
-                            opts.parallel_tool_calls, opts.add_generation_prompt, opts.thinking == "enabled",
-                            json.dumps(opts.chat_template_kwargs) if opts.chat_template_kwargs else "", "",
-                            opts.continue_final_message)
-    except ValueError as e:  # the template itself refused (e.g. roles must alternate)
-        raise InvalidOption("messages", messages, f"a conversation the chat template accepts ({e})") from None
+    kwargs = json.dumps(opts.chat_template_kwargs) if opts.chat_template_kwargs else ""
+    tools_json = json.dumps(tool_list) if tool_list else ""
+    thinking = opts.thinking == "enabled"
+
+    def apply(msgs: list[dict[str, Any]], choice: str, continue_final: bool) -> dict[str, Any]:
+        try:
+            return templates.apply(json.dumps(msgs), tools_json, choice, opts.parallel_tool_calls,
+                                   opts.add_generation_prompt, thinking, kwargs, "", continue_final)
+        except ValueError as e:  # the template itself refused (e.g. roles must alternate)
+            raise InvalidOption("messages", messages, f"a conversation the chat template accepts ({e})") from None
+
+    prefill = ""
+    if (choice == "required" and opts.tool_call_prefill and opts.add_generation_prompt and not thinking
+            and not opts.continue_final_message):
+        prefill = _call_marker(apply(msgs, "auto", False))
+    if prefill:
+        # llama.cpp's grammar for a required call lets text come first, and small models
+        # write the call as bare JSON there; open the reply with the template's own call
+        # marker instead (an assistant prefill, as continue_final_message does)
+        r = apply([*msgs, {"role": "assistant", "content": prefill}], "required", True)
+    else:
+        r = apply(msgs, choice, opts.continue_final_message)
+    if choice == "required" and not r["grammar"]:
+        raise InvalidOption("tool_choice", opts.tool_choice,
+                            f"'auto' or 'none': this chat template has no tool-call format ({r['format']})")
     tokens = native_model.tokenize(r["prompt"], add_special, parse_special)
     end_tags = r["thinking_end_tags"]
     return RenderedChat(
@@ -109,4 +128,13 @@ def render(native_model: Any, templates: Any, messages: Any, tools: Any = None,
         stop_sequences=tuple(r["additional_stops"]), generation_prompt=r["generation_prompt"],
         format=r["format"], supports_thinking=r["supports_thinking"],
         thinking_start=r["thinking_start_tag"] or None, thinking_end=end_tags[0] if end_tags else None,
-        parser=r["parser"])
+        parser=r["parser"], tool_call_prefill=prefill)
+
+
+def _call_marker(auto: dict[str, Any]) -> str:
+    """The text that opens a tool call in this template's format: the word that triggers its
+    lazy grammar under tool_choice 'auto' (e.g. '<tool_call>\\n'); '' if it has none."""
+    for t in auto["grammar_triggers"]:
+        if t["type"] == "word" and t["value"].strip():
+            return t["value"]
+    return ""

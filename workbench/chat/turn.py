@@ -88,8 +88,6 @@ class ChatPlan:
     inside_thinking: bool
     budget: int | None
     signing_key: bytes | None
-    hidden_tokens: frozenset[int]
-    native_model: Any = field(repr=False, compare=False)
 
 
 def plan(engine: Any, messages: Any, tools: Any, tool_choice: Any, opts: Mapping[str, Any]) -> ChatPlan:
@@ -111,10 +109,22 @@ def plan(engine: Any, messages: Any, tools: Any, tool_choice: Any, opts: Mapping
         ropts["stop_sequences"] = tuple(rq.stop_sequences) + rendered.stop_sequences
     cfg = engine.cfg
     markers, from_template, inside = _thinking_markers(cfg, rendered, copts)
+    if markers is not None and copts.thinking_budget_tokens is not None:
+        if ropts.get("reasoning_budget") is not None:
+            raise InvalidOption("reasoning_budget", ropts["reasoning_budget"],
+                                "None with thinking_budget_tokens (which sets it from the thinking markers)")
+        # the model itself stops thinking: the end marker is forced into its reply (and KV)
+        ropts["reasoning_budget"] = {"tokens": copts.thinking_budget_tokens,
+                                     "start": "" if inside else markers.start, "end": markers.end}
+    shown = _special_markers(engine.model, (*rendered.preserved_tokens,
+                                            *((markers.start, markers.end) if markers else ())))
+    if shown and ropts.get("render_special") is not True:
+        # as llama.cpp's server shows preserved tokens: the parser and the thinking
+        # splitter need the markers' text, which control tokens otherwise render as ''
+        ropts["render_special"] = tuple(dict.fromkeys((*(ropts.get("render_special") or ()), *shown)))
     return ChatPlan(rendered=rendered, request_opts=ropts, markers=markers, markers_from_template=from_template,
                     inside_thinking=inside, budget=copts.thinking_budget_tokens,
-                    signing_key=getattr(cfg, "thinking_signing_key", None),
-                    hidden_tokens=_hidden_tokens(engine.model, rendered.preserved_tokens), native_model=engine.model)
+                    signing_key=getattr(cfg, "thinking_signing_key", None))
 
 
 def _tool_grammar(engine: Any, rendered: RenderedChat) -> str:
@@ -164,15 +174,14 @@ def _thinking_markers(cfg: Any, rendered: RenderedChat,
     return markers, from_template, inside
 
 
-def _hidden_tokens(native_model: Any, preserved: tuple[str, ...]) -> frozenset[int]:
-    """Preserved tokens (tool-call markers) that the stream's text would not show: the
-    engine renders pieces without specials, so control tokens come out empty."""
-    hidden = set()
-    for s in preserved:
-        ids = native_model.tokenize(s, False, True)
-        if len(ids) == 1 and native_model.token_to_piece(ids[0], False) == b"":
-            hidden.add(ids[0])
-    return frozenset(hidden)
+def _special_markers(native_model: Any, markers: tuple[str, ...]) -> tuple[str, ...]:
+    """The markers that are one special (control) token of this model."""
+    out = []
+    for s in markers:
+        ids = native_model.tokenize(s, False, True) if s else []
+        if len(ids) == 1 and native_model.token_to_piece(ids[0], False) != native_model.token_to_piece(ids[0], True):
+            out.append(s)
+    return tuple(out)
 
 
 class ChatStream(ThinkingStream):
@@ -197,7 +206,7 @@ class ChatStream(ThinkingStream):
         elif sp is not None and sp.cut_at is not None:
             text = sp.reply_for_parser(done.reply)
         else:
-            text = _reply_text(self.plan.native_model, done, self.plan.hidden_tokens)
+            text = done.reply
         message, error = parse_reply(self.rendered.parser, text)
         if own_block:
             message["reasoning_content"] = sp.thinking or None
@@ -213,17 +222,6 @@ class ChatStream(ThinkingStream):
         if not isinstance(self.done, ChatDone):
             raise RuntimeError("the chat stream was closed before it ended")
         return ChatResult.from_chat_done(self.done, self.model, self.ref)
-
-
-def _reply_text(native_model: Any, done: Done, hidden: frozenset[int]) -> str:
-    if not hidden or not any(t in hidden for t in done.tokens):
-        return done.reply
-    raw = b"".join(native_model.token_to_piece(t, t in hidden) for t in done.tokens).decode("utf-8", "replace")
-    if done.stop_sequence:
-        at = raw.find(done.stop_sequence)
-        if at >= 0:
-            raw = raw[:at]
-    return raw
 
 
 def parse_reply(parser: Any, text: str) -> tuple[dict[str, Any], str | None]:

@@ -148,6 +148,8 @@ class Engine(SessionOps, AdapterOps, CacheSaves, Recovery):
                     raise QueueFull(self.model_id, self.cfg.max_queue)
             req = Request(ref=next_ref(), model_id=self.model_id, prompt=list(prompt), opts=opts, seed=seed)
             req.grammar = grammar
+            req.reasoning_budget = self._reasoning_budget(opts, req.prompt)
+            req.special = self._special_ids(opts.render_special)
             req.sync_saves = sync_saves
             if sid is not None:
                 req.session = self.sessions.get_or_create(sid)
@@ -156,6 +158,34 @@ class Engine(SessionOps, AdapterOps, CacheSaves, Recovery):
             self.requests[req.ref] = req
             self._cv.notify()
         return req
+
+    def _special_ids(self, render: bool | tuple[str, ...]) -> bool | frozenset[int]:
+        """render_special as the loop uses it: a bool, or the ids whose text is shown."""
+        if isinstance(render, bool):
+            return render
+        ids = set()
+        for s in render:
+            t = self.model.tokenize(s, False, True)
+            if len(t) != 1 or self.model.token_to_piece(t[0], False) == self.model.token_to_piece(t[0], True):
+                raise InvalidOption("render_special", list(render),
+                                    f"special tokens of this model ({s!r} is not one)")
+            ids.add(t[0])
+        return frozenset(ids)
+
+    def _reasoning_budget(self, opts: RequestOptions, prompt: list[int]) -> dict[str, Any] | None:
+        """The budget sampler's token sequences. A prompt that ends with the start marker
+        (the template opened the block) starts the count at the first generated token, as
+        the thinking splitter does."""
+        rb = opts.reasoning_budget
+        if rb is None:
+            return None
+        tok = lambda s: self.model.tokenize(s, False, True) if s else []  # noqa: E731
+        end = tok(rb["end"])
+        if not end:
+            raise InvalidOption("reasoning_budget", rb, "an end marker that tokenizes to at least one token")
+        tail = self.model.detokenize(prompt[-16:], False, True).decode("utf-8", "replace").rstrip()
+        return {"budget": rb["tokens"], "start": tok(rb["start"]), "end": end, "forced": tok(rb["message"]) + end,
+                "inside": not rb["start"] or tail.endswith(rb["start"])}
 
     def cancel(self, req: Request) -> None:
         """Idempotent; observed at the next token boundary (a long prefill is interrupted)."""
@@ -217,6 +247,8 @@ class Engine(SessionOps, AdapterOps, CacheSaves, Recovery):
             self.ctx.request_abort()
             self._cv.notify()
         self._thread.join()
+        for sess in self.sessions:       # its sessions' rows become ordinary rows
+            self._session_row(sess, None)
         self.ctx.close()
         self.model.close()
 
@@ -302,9 +334,9 @@ class Engine(SessionOps, AdapterOps, CacheSaves, Recovery):
                 req.prefilled += s.take
                 while req.boundaries and req.boundaries[0][0] <= req.n_past:
                     pos, reason = req.boundaries.pop(0)
-                    if pos == req.n_past:
+                    if pos == req.n_past and reason is not None:
                         key = self._save(req, req.prompt[:pos], reason)
-                        if pos == len(req.prompt):
+                        if pos >= len(req.prompt) - 1:   # the prompt row (or an agent prefix of all of it)
                             req.prompt_key = key
             if s.logits_row is not None:
                 if req.phase == "prefilling":
@@ -387,14 +419,13 @@ class Engine(SessionOps, AdapterOps, CacheSaves, Recovery):
             if restored is not None:
                 reuse = min(restored.n_tokens, len(req.prompt) - 1)
                 req.hit_kind, req.rows_read = restored.kind, 1
-                if restored.n_tokens == len(req.prompt):
+                if restored.n_tokens == len(req.prompt) - 1:
                     req.prompt_key = restored.key
         self.ctx.seq_rm(req.seq, reuse, -1)
         req.kv_tokens = []
         req.n_past = req.reused = reuse
         req.feed = req.prompt[reuse:]
-        if use_cache:
-            req.boundaries = self._save_points(req)
+        req.boundaries = self._save_points(req, use_cache)
         req.admitted_at = time.perf_counter()
         req.phase = "prefilling"
         self.counters[f"hits_{req.hit_kind}"] += 1
@@ -412,7 +443,8 @@ class Engine(SessionOps, AdapterOps, CacheSaves, Recovery):
             return
         req.generated.append(token)
         req.last_token_at = now
-        req.emit_token(token, self.model.token_to_piece(token, False))
+        special = req.special if isinstance(req.special, bool) else token in req.special
+        req.emit_token(token, self.model.token_to_piece(token, special))
         if req.text is not None and req.text.stop_hit is not None:
             self._finish(req, "stop")
         elif len(req.generated) >= req.opts.response_tokens or req.n_past + 1 >= self.ctx.n_ctx:
@@ -470,6 +502,7 @@ def _sampler_params(req: Request) -> dict[str, Any]:
         "repeat_last_n": o.repeat_last_n,
         "seed": req.seed,
         "grammar_proto": req.grammar,
+        "reasoning_budget": req.reasoning_budget,
         "ignore_eos": o.ignore_eos,
     }
 

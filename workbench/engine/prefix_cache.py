@@ -123,7 +123,8 @@ class EngineCache:
             match, kind = cache.match_key(ns, prompt, parent_key), "exact"
         if match is None:
             match = cache.lookup(ns, prompt)
-            kind = "exact" if match is not None and match.n_tokens == len(prompt) else "partial"
+            # exact: everything but the last prompt token, which is always decoded alone
+            kind = "exact" if match is not None and match.n_tokens >= len(prompt) - 1 else "partial"
         if match is None:
             return None
         payload = cache.get(match.key)
@@ -144,22 +145,29 @@ class EngineCache:
         return row_key(self.namespace(scope).digest(), tokens)
 
     def save(self, ctx: Any, seq: int, tokens: list[int], scope: str, reason: SaveReason, *,
-             sync: bool = False) -> str | None:
+             sync: bool = False, live: bool = False) -> str | None:
         """Save the KV of ``seq`` (which holds exactly ``tokens``); returns the row key, or None
-        when the save was dropped or failed. A row already cached is not copied again."""
+        when the save was dropped or failed. A row already cached is not copied again.
+        ``live``: the row is a live session's KV (evicted only when nothing else frees enough)."""
         cache = self.cache
         ns = self.namespace(scope)
         key = row_key(ns.digest(), tokens)
         if key in cache:
             if reason is SaveReason.AGENT_PREFIX:
                 cache.pin(key)
+            if live:
+                cache.set_live(key)
             return key
         start = time.perf_counter_ns()
         payload = ctx.state_seq_get(seq)
         cache.record_ns("pack_ns", time.perf_counter_ns() - start)
         if sync:
-            return cache.put(ns, tokens, payload, reason)
-        return key if cache.put_async(ns, tokens, payload, reason) else None
+            return cache.put(ns, tokens, payload, reason, live=live)
+        return key if cache.put_async(ns, tokens, payload, reason, live=live) else None
+
+    def set_live(self, key: str | None, live: bool) -> None:
+        if key is not None:
+            self.cache.set_live(key, live)
 
     def cached_prefix_len(self, tokens: Sequence[int], scope: str) -> int:
         return self.cache.cached_prefix_len(self.namespace(scope), tokens)

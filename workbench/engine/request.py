@@ -49,6 +49,8 @@ class Request:
     last_token_at: float | None = None
     prefilled: int = 0
     grammar: Any = None              # native Grammar prototype (from the engine's cache)
+    reasoning_budget: dict[str, Any] | None = None  # token form of opts.reasoning_budget
+    special: bool | frozenset[int] = False          # render_special: all, none, or these ids
     session: Any = None              # sessions.Session when session_id was given
     kv_tokens: list[int] = field(default_factory=list)  # live KV the sequence held at admission
     reused: int = 0                  # prompt tokens not prefilled (found in the KV / cache)

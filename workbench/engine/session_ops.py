@@ -43,6 +43,7 @@ class SessionOps:
         if sess.busy_ref is not None:
             raise SessionBusy(session_id, sess.busy_ref)
         self.sessions.drop(session_id)
+        self._session_row(sess, None)
         self._free_session_seq(sess)
 
     def _reset_session(self, session_id: Hashable) -> str:
@@ -58,6 +59,7 @@ class SessionOps:
                 sess.seq = None  # the request's retire frees it
             self._retire(req, keep_kv=False)
             req.fail(SessionReset(f"session {session_id!r} was reset"))
+        self._session_row(sess, None)
         self._free_session_seq(sess)
         self.counters["sessions_reset"] += 1
         return "recovered"
@@ -69,8 +71,10 @@ class SessionOps:
             idle = self.sessions.idle_pinned()
         for sess in idle:
             if self.kvcache is not None and sess.tokens and time.monotonic() < deadline:
-                if self.kvcache.save(self.ctx, sess.seq, sess.tokens, sess.scope, reason, sync=True):
+                key = self.kvcache.save(self.ctx, sess.seq, sess.tokens, sess.scope, reason, sync=True, live=True)
+                if key:
                     saved += 1
+                    self._session_row(sess, key)
             self._free_session_seq(sess)
             self.counters["cache_evicted_sessions"] += 1
         return saved

@@ -21,6 +21,7 @@ class Session:
     busy_ref: int | None = None
     last_used: float = field(default_factory=time.monotonic)
     scope: str = "default"           # cache scope of its last request (for evict saves)
+    live_key: str | None = None      # its newest cache row, marked live while the session exists
 
     def info(self) -> dict[str, object]:
         return {"session_id": self.session_id, "seq": self.seq, "tokens": len(self.tokens),

@@ -16,9 +16,10 @@ the prompt already ends with the start marker (``inside=True``); one block per r
 
 The budget counts ``TokenId`` events that arrive while the block is open. When it is spent
 the block is closed (``ThinkingEnd``) and later text is routed as ordinary ``Token`` text;
-the model's own end marker, when it comes, is dropped. This shapes what the consumer sees;
-it does not stop the model from thinking (that needs the end marker forced into the KV
-cache by the sampler, which is the engine's business).
+the end marker, when it comes, is dropped. Chat pairs this with the request option
+``reasoning_budget``: llama.cpp's reasoning-budget sampler forces the end marker right after
+the same N tokens, so the marker dropped here is the forced one and the model itself stops
+thinking.
 
 The signature is HMAC-SHA256 (hex) of the thinking text's UTF-8 bytes under the model's
 ``thinking_signing_key``, or '' when no key is set.

@@ -3,13 +3,15 @@ eviction policies at several byte budgets, without a model, and compare policies
 
 For each request, in arrival order (the clock is the trace's arrival time in seconds):
 
-1. look up the longest cached prefix of the prompt: exact (the whole prompt), partial or
-   cold; a hit is a read (hit count and last use move, as `TieredCache.get`);
+1. look up the longest cached prefix of the prompt (none for a one-token prompt, as the
+   engine): exact (all of the prompt but at most its last token), partial or cold; a hit
+   is a read (hit count and last use move, as `TieredCache.get`);
 2. count the prefill it saves: min(matched, prompt - 1) tokens (the engine always decodes
    the last prompt token again, for its logits): the number the engine reports as
    prompt_tokens - prefilled_tokens;
 3. store the rows the engine would save: checkpoints, the agent prefix (pinned), the
-   prompt, the prompt + reply at finish (rules in `plan.py`, after `Engine._save_points`).
+   prompt without its last token, the prompt + reply (without its end-of-turn token) at
+   finish (rules in `plan.py`, after `Engine._save_points` and `_finish`).
 
 A row of n tokens costs n * bytes_per_token bytes (default 23,040: SmolLM2-135M's f16 K+V
 per token). The cache is `simcache.SimCache`: the cache's own Catalog, PrefixIndex, Level
@@ -44,7 +46,8 @@ __all__ = ["DEFAULT_BYTES_PER_TOKEN", "DEFAULT_POLICIES", "SAVE_KINDS", "Plan", 
 def replay(trace: Trace | Sequence[Sequence[int]], policies: Iterable[PolicySpec] = DEFAULT_POLICIES,
            sizes: Iterable[int | str] | int | str | None = None, *, block_size: int = 16,
            bytes_per_token: int = DEFAULT_BYTES_PER_TOKEN, saves: Iterable[str] = SAVE_KINDS,
-           checkpoint_every: int | None = 2048, min_tokens: int = 16, model: str | None = None,
+           checkpoint_every: int | None = 2048, min_tokens: int = 16, checkpoint_min: int = 0,
+           checkpoint_max: int | None = None, model: str | None = None,
            response_tokens: int = 4, sessions: bool = True, workers: int | None = None,
            timeline_points: int = 200) -> Any:
     """Replay `trace` through each policy at each byte budget; one DataFrame row per pair.
@@ -55,8 +58,11 @@ def replay(trace: Trace | Sequence[Sequence[int]], policies: Iterable[PolicySpec
     `sizes`: byte budgets (ints or '2GiB'); None = 8 budgets from 0.5% to 50% of what the
     trace would store without eviction. `trace` may also be a list of token-id sequences.
     `saves` (a subset of checkpoint, agent_prefix, prompt, finish), `checkpoint_every`
-    (rounded up to `block_size`; None = no checkpoints) and `min_tokens` follow the
-    engine's save rules (see plan.py).
+    (rounded up to `block_size`; None = no checkpoints), `checkpoint_min` /
+    `checkpoint_max` (checkpoints only at positions inside that band, in tokens; None = no
+    upper bound) and `min_tokens` follow the engine's save rules and its load options
+    cold_checkpoint_interval, cold_min_tokens, cold_max_tokens and cache_min_tokens (see
+    plan.py).
 
     Columns: policy (categorical, in the given order), size_bytes, requests, hits,
     exact_hits, partial_hits, misses, hit_ratio, miss_ratio, byte_hit_ratio (matched /
@@ -87,7 +93,7 @@ def replay(trace: Trace | Sequence[Sequence[int]], policies: Iterable[PolicySpec
     # make each policy once now: an unknown name fails here with get_policy's message
     slow = [ranking_mode(_fresh_policy(spec)) in ("pure", "full") for spec in specs]
     plan = build_plan(trace, block_size=block_size, saves=saves, checkpoint_every=checkpoint_every,
-                      min_tokens=min_tokens)
+                      min_tokens=min_tokens, checkpoint_min=checkpoint_min, checkpoint_max=checkpoint_max)
     budgets = _budgets(sizes, plan, bytes_per_token)
     every = max(1, len(trace) // timeline_points) if timeline_points else 0
     jobs = [(p, s) for p in range(len(specs)) for s in budgets]
@@ -110,7 +116,8 @@ def replay(trace: Trace | Sequence[Sequence[int]], policies: Iterable[PolicySpec
     df.attrs["timeline"] = tl
     df.attrs["params"] = {"trace": trace.name, "requests": len(trace), "block_size": block_size,
                           "bytes_per_token": bytes_per_token, "saves": check_saves(saves),
-                          "checkpoint_every": checkpoint_every, "min_tokens": min_tokens,
+                          "checkpoint_every": checkpoint_every, "checkpoint_min": checkpoint_min,
+                          "checkpoint_max": checkpoint_max, "min_tokens": min_tokens,
                           "footprint_bytes": plan.footprint_tokens * bytes_per_token}
     if model is not None:
         _add_measured(df, trace, model, response_tokens, sessions, per_request)

@@ -1,19 +1,30 @@
 """What each request of a trace looks up and saves, and replaying that through one cache.
 
-The save rules mirror the engine (`Engine._save_points` and `_finish`):
+The save rules mirror the engine (`Engine._start`, `_save_points` and `_finish`). For a
+prompt of n tokens, `matched` being the longest cached row that is a token prefix of it:
 
-    start       = min(matched, prompt - 1)   the KV reused; at least the last prompt token
-                                             is decoded again, for its logits
+    lookup      none for a one-token prompt (nothing could be reused): it is cold
+    hit kind    exact when matched >= n - 1 (everything but the last prompt token, which is
+                always decoded alone, for its logits), partial when 0 < matched < n - 1,
+                cold when matched == 0
+    start       = min(matched, n - 1)   the KV reused
     checkpoint  every `checkpoint_every` tokens (rounded up to `block_size`), at positions
-                past `start` and before the prompt's end (reason cold, or continued
+                p with start < p < n - 1 and checkpoint_min <= p <= checkpoint_max (the
+                engine's cold_min_tokens / cold_max_tokens band; reason cold, or continued
                 after a hit)
     agent_prefix the trace's shared prefix (`pin_segs` leading segments) when it lies past
                 `start`, pinned; when it is already covered, an existing row of exactly
                 that prefix is pinned
-    prompt      the whole prompt, unless a row covered all of it (and if >= min_tokens)
-    finish      prompt + reply without its last token, if longer than the prompt: a trace's
-                reply ends with its end-of-turn token, which is sampled but never decoded,
-                so the KV a request ends with stops just before it
+    prompt      the prompt without its last token (n - 1 tokens), when n - 1 >= min_tokens,
+                n - 1 > start (no row already covered it) and the agent prefix is not the
+                whole prompt (its pinned row of n tokens stands for the prompt)
+    finish      prompt + reply without its last token (n + reply - 1 tokens), if longer
+                than the prompt: a trace's reply ends with its end-of-turn token, which is
+                sampled but never decoded, so the KV a request ends with stops just before
+                it; a one-token reply (the end-of-turn token alone) saves no finish row
+
+A row already cached is not stored again (an agent prefix pins it); where two saves fall on
+one position, the agent prefix wins (one pinned row).
 
 Indexing trick (exact, and why a 100,000-request trace replays in seconds): rows and
 prompts are indexed as *virtual tokens*, one per trace segment, where a segment in which a
@@ -66,35 +77,60 @@ def check_saves(saves: Iterable[str]) -> tuple[str, ...]:
     return out
 
 
+def check_band(checkpoint_min: int, checkpoint_max: int | None) -> None:
+    """The checkpoint band's bounds, validated as the engine's cold_min/cold_max_tokens."""
+    if isinstance(checkpoint_min, bool) or not isinstance(checkpoint_min, int) or checkpoint_min < 0:
+        raise ValueError(f"checkpoint_min must be an int >= 0, got {checkpoint_min!r}")
+    if checkpoint_max is not None and (isinstance(checkpoint_max, bool) or not isinstance(checkpoint_max, int)
+                                       or checkpoint_max < 1):
+        raise ValueError(f"checkpoint_max must be an int >= 1 or None, got {checkpoint_max!r}")
+    if checkpoint_max is not None and checkpoint_max < checkpoint_min:
+        raise ValueError(f"checkpoint_max ({checkpoint_max}) must be >= checkpoint_min ({checkpoint_min})")
+
+
 def build_plan(trace: Trace, *, block_size: int = 16, saves: Iterable[str] = SAVE_KINDS,
-               checkpoint_every: int | None = 2048, min_tokens: int = 16) -> Plan:
-    """Virtual-token prompts and the rows each request may save (see the module doc)."""
+               checkpoint_every: int | None = 2048, min_tokens: int = 16, checkpoint_min: int = 0,
+               checkpoint_max: int | None = None) -> Plan:
+    """Virtual-token prompts and the rows each request may save (see the module doc).
+    Checkpoints fall only at positions p with `checkpoint_min` <= p <= `checkpoint_max`
+    (None: no bound), as the engine's cold_min_tokens / cold_max_tokens."""
     saves = check_saves(saves)
     if block_size < 1:
         raise ValueError(f"block_size must be >= 1, got {block_size}")
     if checkpoint_every is not None and checkpoint_every < 1:
         raise ValueError(f"checkpoint_every must be >= 1 or None, got {checkpoint_every}")
-    step = None
+    check_band(checkpoint_min, checkpoint_max)
+    step = first = 0  # 0: no checkpoints
     if "checkpoint" in saves and checkpoint_every is not None:
         step = -(-checkpoint_every // block_size) * block_size
+        first = max(step, -(-checkpoint_min // step) * step)  # the first multiple of step in the band
     seg_len = trace.seg_len.tolist()
     ptr, segs = trace.prompt_ptr.tolist(), trace.prompt_segs.tolist()
     replies, pin_segs = trace.reply_seg.tolist(), trace.pin_segs.tolist()
     prompts = [segs[ptr[i]:ptr[i + 1]] for i in range(len(trace))]
     plens = [sum(seg_len[s] for s in p) for p in prompts]
     ctx = _Contexts(seg_len)
-    paths, points, finish_len = [], [], []
+    agent = [sum(seg_len[s] for s in p[:k]) if k > 0 and "agent_prefix" in saves else 0
+             for p, k in zip(prompts, pin_segs)]
+    paths, points, prompt_row, finish_len = [], [], [], []
     for i, prompt in enumerate(prompts):
         path = ctx.path(prompt)
         paths.append(path)
-        ck = tuple(range(step, plens[i], step)) if step else ()
+        n = plens[i]
+        stop = n - 1 if checkpoint_max is None else min(n - 1, checkpoint_max + 1)
+        ck = tuple(range(first, stop, step)) if step else ()
         points.append(ck)
         ctx.cut(path, prompt, ck)
+        has_row = "prompt" in saves and n - 1 >= max(1, min_tokens) and agent[i] != n
+        prompt_row.append(has_row)
+        if has_row:
+            # the prompt row ends before the last prompt token: inside the last segment
+            ctx.cut_inside(path[-1], seg_len[prompt[-1]] - 1)
         r = replies[i]
-        n_fin = plens[i] + seg_len[r] - 1 if "finish" in saves and r >= 0 else 0
-        if n_fin > plens[i]:
+        n_fin = n + seg_len[r] - 1 if "finish" in saves and r >= 0 else 0
+        if n_fin > n:
             ctx.cut([*path, ctx.child(path[-1], r)], [*prompt, r], (n_fin,))
-        finish_len.append(n_fin if n_fin > plens[i] else 0)
+        finish_len.append(n_fin if n_fin > n else 0)
     keys: dict[bytes, str] = {}
 
     def row(raw: bytes, cum: list[int], n: int) -> Row:
@@ -109,17 +145,17 @@ def build_plan(trace: Trace, *, block_size: int = 16, saves: Iterable[str] = SAV
         vids: list[int] = []
         cum = [0]
         path = paths[i]
+        plen = plens[i]
         if finish_len[i]:
             prompt, path = [*prompt, replies[i]], [*path, ctx.child(path[-1], replies[i])]
         ctx.virtual(path, prompt, vids, cum)
         raw = array.array("i", vids).tobytes()
-        plen = plens[i]
         plan.prompts.append(raw[:4 * bisect.bisect_left(cum, plen)])
         pre: list[tuple[int, int]] = [(n, CHECKPOINT) for n in points[i]]
-        if "agent_prefix" in saves and pin_segs[i] > 0:
-            pre.append((sum(seg_len[s] for s in prompts[i][:pin_segs[i]]), PIN))
-        if "prompt" in saves and plen >= min_tokens:
-            pre.append((plen, PROMPT))
+        if agent[i]:
+            pre.append((agent[i], PIN))
+        if prompt_row[i]:
+            pre.append((plen - 1, PROMPT))
         plan.prefill.append(tuple((*row(raw, cum, n), kind) for n, kind in sorted(pre)))
         plan.finish.append(row(raw, cum, finish_len[i]) if finish_len[i] else None)
     seen: dict[str, int] = {}
@@ -175,6 +211,11 @@ class _Contexts:
                 k += 1
             pos += n
 
+    def cut_inside(self, node: int, offset: int) -> None:
+        """Note a row ending `offset` tokens into the segment of `node` (0: at its start, no cut)."""
+        if offset > 0:
+            self._offsets.setdefault(node, set()).add(offset)
+
     def virtual(self, path: list[int], segs: list[int], out: list[int], cum: list[int]) -> None:
         """Append the virtual tokens of `segs` and their cumulative real lengths."""
         for node, s in zip(path, segs):
@@ -216,14 +257,14 @@ def run_plan(plan: Plan, policy: EvictionPolicy, size_bytes: int, bytes_per_toke
     n = len(prompts)
     for i in range(n):
         now, plen = arrival[i], plens[i]
-        hit = sim.lookup(ns, prompts[i])
+        hit = sim.lookup(ns, prompts[i]) if plen > 1 else None  # the engine skips one-token prompts
         if hit is None:
             matched = 0
             misses += 1
         else:
             matched = hit.n_tokens
             sim.hit(hit, now)
-            if matched >= plen:
+            if matched >= plen - 1:
                 exact += 1
             else:
                 partial += 1
@@ -237,13 +278,13 @@ def run_plan(plan: Plan, policy: EvictionPolicy, size_bytes: int, bytes_per_toke
                     sim.put(key, ns, raw, n_tok, n_tok * bpt, SaveReason.AGENT_PREFIX, now, pinned=True)
                 else:
                     sim.pin(key, now)
-            elif n_tok > start and (kind != PROMPT or matched < plen):
+            elif n_tok > start:  # checkpoint, or the prompt row (n - 1 > start: nothing covered it)
                 sim.put(key, ns, raw, n_tok, n_tok * bpt, reason, now)
         fin = finishes[i]
         if fin is not None:
             sim.put(fin[0], ns, fin[1], fin[2], fin[2] * bpt, SaveReason.FINISH, now)
         if record:
-            per_request.append(("cold" if not matched else "exact" if matched >= plen else "partial", start))
+            per_request.append(("cold" if not matched else "exact" if matched >= plen - 1 else "partial", start))
         if timeline_every and ((i + 1) % timeline_every == 0 or i + 1 == n):
             timeline.append((i + 1, now, sim.used_bytes, len(sim), sim.evictions, exact + partial, misses))
     total_prompt = sum(plens)
