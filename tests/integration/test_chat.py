@@ -193,6 +193,19 @@ def test_a_control_token_end_marker_is_seen_by_the_splitter(fresh_model):
     assert "<|im_start|>" not in r.content
 
 
+def test_multi_turn_chat_hits_the_prefix_cache_turn_after_turn(model):
+    msgs = [SYSTEM, {"role": "user", "content": "Name a red fruit."}]
+    prev = wb.chat(model, msgs, response_tokens=16, cache_scope="chat-turns")
+    assert prev.stats.cache_hit_kind == "cold" and prev.stats.cache_delta["read"] == 0
+    for question in ("And a yellow one?", "And a green one?"):
+        msgs = msgs + [prev.message, {"role": "user", "content": question}]
+        r = wb.chat(model, msgs, response_tokens=16, cache_scope="chat-turns")
+        assert r.stats.cache_hit_kind == "partial" and r.stats.cache_delta["read"] == 1
+        # at least the previous turn's prompt (its row ends one token short) came from the cache
+        assert r.stats.prompt_tokens - r.stats.prefilled_tokens >= prev.stats.prompt_tokens - 1
+        prev = r
+
+
 def test_unload_frees_the_models_templates(model, model_path):
     other = wb.load_model(model_path=str(model_path), n_seq_max=1)
     wb.render_chat_template(other, [FRANCE])
