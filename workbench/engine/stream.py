@@ -18,7 +18,22 @@ if TYPE_CHECKING:
     from .request import Request
 
 
-class Stream:
+class EventEnds:
+    """What every event handle tracks: the Done (``done``) and whether the stream ended."""
+
+    done: Done | None
+    _ended: bool
+
+    def _seen(self, ev: Event) -> Event:
+        if isinstance(ev, Done):
+            self.done = ev
+            self._ended = True
+        elif isinstance(ev, Error):
+            self._ended = True
+        return ev
+
+
+class Stream(EventEnds):
     """Typed events of one request: ``Token``, ``TokenId``, then ``Done`` or ``Error``."""
 
     def __init__(self, engine: "Engine", request: "Request") -> None:
@@ -42,14 +57,6 @@ class Stream:
             self.cancel()
             raise
         return self._seen(ev)
-
-    def _seen(self, ev: Event) -> Event:
-        if isinstance(ev, Done):
-            self.done = ev
-            self._ended = True
-        elif isinstance(ev, Error):
-            self._ended = True
-        return ev
 
     # --- async iteration ---------------------------------------------------------------
     def __aiter__(self) -> AsyncIterator[Event]:

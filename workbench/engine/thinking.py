@@ -33,8 +33,8 @@ import hmac
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 
-from .events import Done, Error, Event, Thinking, ThinkingEnd, Token, TokenId
-from .stream import Stream
+from .events import Done, Event, Thinking, ThinkingEnd, Token, TokenId
+from .stream import EventEnds, Stream
 
 _BEFORE, _THINKING, _CUT, _AFTER = "before", "thinking", "cut", "after"
 
@@ -216,7 +216,7 @@ class ThinkingSplitter:
         out.append(ThinkingEnd(self.signature))
 
 
-class ThinkingStream:
+class ThinkingStream(EventEnds):
     """A Stream's events with thinking blocks split out (see the module docstring).
 
     With ``splitter=None`` the events pass through unchanged. Iterate it (or ``async for``)
@@ -253,13 +253,7 @@ class ThinkingStream:
         return done
 
     def _emit(self) -> Event:
-        ev = self._pending.popleft()
-        if isinstance(ev, Done):
-            self.done = ev
-            self._ended = True
-        elif isinstance(ev, Error):
-            self._ended = True
-        return ev
+        return self._seen(self._pending.popleft())
 
     # --- iteration ---------------------------------------------------------------------
     def __iter__(self) -> Iterator[Event]:
