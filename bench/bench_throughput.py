@@ -7,7 +7,10 @@ its tg128 times 128 single-token decodes. Ours: a 512-token prompt (random ids, 
 llama-bench's) through ``complete`` timed from the start to the end of its prefill, and 128
 generated tokens timed from the first to the last (sampling and Python included).
 
-    python bench/bench_throughput.py [--reps 5] [--threads N] [--json out.json]
+Rounds alternate (llama-bench with one repetition, then ours once) and the ratio reported
+is the median of the per-round ratios, so a drift of a shared machine hits both sides.
+
+    python bench/bench_throughput.py [--rounds 5] [--threads N] [--json out.json]
 """
 
 from __future__ import annotations
@@ -40,29 +43,35 @@ def llama_bench(model: Path, threads: int, reps: int, n_prompt: int, n_gen: int)
     return result
 
 
-def ours(model: Path, threads: int, reps: int, n_prompt: int, n_gen: int) -> dict[str, float]:
-    mid = wb.load_model(model_path=str(model), n_threads=threads, n_batch=2048, n_ubatch=512,
-                        flash_attn="auto", n_seq_max=1, prefill_chunk_size=None,
-                        n_ctx=max(n_prompt, n_gen) + 256)
-    rng = random.Random(1234)
-    n_vocab = wb.model_info(mid)["n_vocab"]
-    prefill, decode = [], []
-    try:
-        wb.complete(mid, [rng.randrange(n_vocab) for _ in range(64)], response_tokens=4)  # warm-up
-        for _ in range(reps):
-            prompt = [rng.randrange(n_vocab) for _ in range(n_prompt)]
-            r = wb.complete(mid, prompt, response_tokens=1)
-            prefill.append(n_prompt / r.stats.prefill_s)
-            r = wb.complete(mid, [rng.randrange(n_vocab)], response_tokens=n_gen + 1, ignore_eos=True)
-            decode.append(r.stats.decode_tps)
-    finally:
-        wb.unload(mid)
-    return {"prefill": statistics.mean(prefill), "decode": statistics.mean(decode)}
+class Ours:
+    """The default model loaded once, as llama-bench sets up its context."""
+
+    def __init__(self, model: Path, threads: int, n_prompt: int, n_gen: int) -> None:
+        self.mid = wb.load_model(model_path=str(model), n_threads=threads, n_batch=2048, n_ubatch=512,
+                                 flash_attn="auto", n_seq_max=1, prefill_chunk_size=None,
+                                 n_ctx=max(n_prompt, n_gen) + 256)
+        self.n_prompt, self.n_gen = n_prompt, n_gen
+        self.rng = random.Random(1234)
+        self.n_vocab = wb.model_info(self.mid)["n_vocab"]
+        wb.complete(self.mid, self._ids(64), response_tokens=4, cache=False)  # warm-up
+
+    def _ids(self, n: int) -> list[int]:
+        return [self.rng.randrange(self.n_vocab) for _ in range(n)]
+
+    def measure(self) -> dict[str, float]:
+        r = wb.complete(self.mid, self._ids(self.n_prompt), response_tokens=1, cache=False)
+        prefill = self.n_prompt / r.stats.prefill_s
+        r = wb.complete(self.mid, self._ids(1), response_tokens=self.n_gen + 1, ignore_eos=True, cache=False)
+        return {"prefill": prefill, "decode": r.stats.decode_tps}
+
+    def close(self) -> None:
+        wb.unload(self.mid)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=5,
+                    help="alternating rounds: llama-bench (one repetition) then workbench (one)")
     ap.add_argument("--threads", type=int, default=default_threads())
     ap.add_argument("--n-prompt", type=int, default=512)
     ap.add_argument("--n-gen", type=int, default=128)
@@ -70,17 +79,32 @@ def main() -> int:
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     model = args.model or wb.fetch_default_model()
-    ref = llama_bench(model, args.threads, args.reps, args.n_prompt, args.n_gen)
-    got = ours(model, args.threads, args.reps, args.n_prompt, args.n_gen)
-    print(f"model {model.name}, {args.threads} threads, {args.reps} reps, llama.cpp {wb._native.llama_commit[:10]}")
-    print(f"{'test':<16}{'llama-bench tok/s':>20}{'workbench tok/s':>18}{'ratio':>8}")
+    ours = Ours(model, args.threads, args.n_prompt, args.n_gen)
+    rounds = []
+    try:
+        for _ in range(args.rounds):
+            # alternate, so a drift of the machine (other jobs, clocks) hits both sides alike
+            ref = llama_bench(model, args.threads, 1, args.n_prompt, args.n_gen)
+            got = ours.measure()
+            rounds.append({k: (ref[k], got[k]) for k in ("prefill", "decode")})
+    finally:
+        ours.close()
+    print(f"model {model.name}, {args.threads} threads, {args.rounds} alternating rounds, "
+          f"llama.cpp {wb._native.llama_commit[:10]}")
+    print(f"{'test':<16}{'llama-bench tok/s':>20}{'workbench tok/s':>18}{'ratio':>8}{'ratio range':>16}")
     rows = {}
     for key, label in (("prefill", f"prefill pp{args.n_prompt}"), ("decode", f"decode tg{args.n_gen}")):
-        ratio = got[key] / ref[key]
-        rows[key] = {"llama_bench": ref[key], "workbench": got[key], "ratio": ratio}
-        print(f"{label:<16}{ref[key]:>20.1f}{got[key]:>18.1f}{ratio:>8.3f}")
+        refs = [r[key][0] for r in rounds]
+        gots = [r[key][1] for r in rounds]
+        ratios = [g / f for f, g in zip(refs, gots)]
+        ratio = statistics.median(ratios)
+        rows[key] = {"llama_bench": statistics.median(refs), "workbench": statistics.median(gots),
+                     "ratio": ratio, "ratios": ratios}
+        print(f"{label:<16}{rows[key]['llama_bench']:>20.1f}{rows[key]['workbench']:>18.1f}{ratio:>8.3f}"
+              f"{min(ratios):>8.3f}-{max(ratios):.3f}")
     if args.json:
-        args.json.write_text(json.dumps({"threads": args.threads, "reps": args.reps, "results": rows}, indent=2))
+        args.json.write_text(json.dumps({"threads": args.threads, "rounds": args.rounds, "results": rows},
+                                        indent=2))
     return 0
 
 
