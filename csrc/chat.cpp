@@ -151,6 +151,10 @@ public:
     py::dict parse(const std::string & text, bool is_partial) const {
         common_chat_msg msg;
         std::string error;
+        if (nesting_depth(text, "[]{}") > MAX_NESTING) {
+            throw py::value_error("chat parse: the reply nests brackets more than " + std::to_string(MAX_NESTING) +
+                                  " deep (not handed to llama.cpp's recursive parser)");
+        }
         {
             py::gil_scoped_release release;
             try {
@@ -216,6 +220,12 @@ public:
         common_chat_params out;
         common_chat_parser_params parser_params;
         std::string error;
+        for (const std::string * j : {&messages_json, &tools_json, &kwargs_json}) {
+            if (nesting_depth(*j, "[]{}") > 2 * MAX_NESTING) {
+                throw py::value_error("the messages, tools or template variables nest more than " +
+                                      std::to_string(2 * MAX_NESTING) + " levels of JSON deep");
+            }
+        }
         {
             py::gil_scoped_release release;
             std::lock_guard<std::mutex> lock(mutex_);

@@ -5,11 +5,61 @@
 #include "json-schema-to-grammar.h"
 #include "json.h"
 
+#include <algorithm>
+
 namespace wb {
+
+size_t nesting_depth(const std::string & text, const char * pairs) {
+    size_t depth = 0, deepest = 0;
+    const std::string p(pairs);
+    for (char c : text) {
+        const size_t at = p.find(c);
+        if (at == std::string::npos) continue;
+        if (at % 2 == 0) {
+            deepest = std::max(deepest, ++depth);
+        } else if (depth > 0) {
+            --depth;
+        }
+    }
+    return deepest;
+}
+
+// Group nesting and rule count of a GBNF text, outside its literals, character classes and
+// comments: llama.cpp parses groups and follows leading rule references recursively.
+static void check_grammar_size(const std::string & text) {
+    size_t depth = 0, deepest = 0, rules = 0;
+    for (size_t i = 0; i < text.size(); ++i) {
+        const char c = text[i];
+        if (c == '#') {
+            while (i < text.size() && text[i] != '\n' && text[i] != '\r') ++i;
+        } else if (c == '"' || c == '[') {
+            const char close = c == '"' ? '"' : ']';
+            for (++i; i < text.size() && text[i] != close; ++i) {
+                if (text[i] == '\\') ++i;
+            }
+        } else if (c == '(') {
+            deepest = std::max(deepest, ++depth);
+        } else if (c == ')' && depth > 0) {
+            --depth;
+        } else if (c == ':' && text.compare(i, 3, "::=") == 0) {
+            ++rules;
+            i += 2;
+        }
+    }
+    if (deepest > MAX_NESTING) {
+        throw py::value_error("option grammar: groups nested " + std::to_string(deepest) + " deep; at most " +
+                              std::to_string(MAX_NESTING) + " (llama.cpp parses them recursively)");
+    }
+    if (rules > MAX_GRAMMAR_RULES) {
+        throw py::value_error("option grammar: " + std::to_string(rules) + " rules; at most " +
+                              std::to_string(MAX_GRAMMAR_RULES) + " (llama.cpp follows rule chains recursively)");
+    }
+}
 
 Grammar::Grammar(std::shared_ptr<Model> model_, const std::string & text_, const std::string & root)
     : model(std::move(model_)), text(text_) {
     if (text.empty()) throw py::value_error("option grammar: empty grammar");
+    check_grammar_size(text);
     const llama_vocab * vocab = model->vocab();
     {
         py::gil_scoped_release release;
@@ -42,6 +92,10 @@ static std::string schema_to_grammar(const std::string & schema_text) {
     {
         py::gil_scoped_release release;
         try {
+            if (nesting_depth(schema_text, "[]{}") > 2 * MAX_NESTING) {
+                throw std::invalid_argument("the schema is nested more than " + std::to_string(2 * MAX_NESTING) +
+                                            " levels of JSON deep");
+            }
             const common_json schema = common_json::parse(schema_text);
             out = json_schema_to_grammar(schema);
         } catch (const std::exception & e) {

@@ -97,14 +97,16 @@ def _json_schema(key: str, v: Any, where: str) -> Any:
 
     if v is None:
         return None
-    if isinstance(v, str):
-        try:
+    try:
+        if isinstance(v, str):
             v = json.loads(v)
-        except ValueError as e:
-            raise InvalidOption(key, v, f"valid JSON ({e})", where) from None
-    if not isinstance(v, (dict, bool)):
-        raise InvalidOption(key, v, "a JSON schema (dict or JSON text)", where)
-    return json.dumps(v, sort_keys=True, separators=(",", ":"))
+        if not isinstance(v, (dict, bool)):
+            raise InvalidOption(key, v, "a JSON schema (dict or JSON text)", where)
+        return json.dumps(v, sort_keys=True, separators=(",", ":"))
+    except RecursionError:
+        raise InvalidOption(key, "...", "a schema nested less deeply (Python's JSON recursion limit)", where) from None
+    except ValueError as e:
+        raise InvalidOption(key, v, f"valid JSON ({e})", where) from None
 
 
 def _str_list(key: str, v: Any, where: str) -> Any:
@@ -186,7 +188,7 @@ def _json_object(key: str, v: Any, where: str) -> Any:
         raise InvalidOption(key, v, "a dict with string keys", where)
     try:
         json.dumps(dict(v))
-    except (TypeError, ValueError) as e:
+    except (TypeError, ValueError, RecursionError) as e:
         raise InvalidOption(key, v, f"JSON-serialisable values ({e})", where) from None
     return dict(v)
 

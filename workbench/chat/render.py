@@ -79,6 +79,15 @@ class RenderedChat:
 def render(native_model: Any, templates: Any, messages: Any, tools: Any = None,
            opts: ChatOptions | None = None, add_special: bool = True, parse_special: bool = True) -> RenderedChat:
     """Validate and render; the prompt is tokenised as llama.cpp's server does (specials parsed)."""
+    try:
+        return _render(native_model, templates, messages, tools, opts, add_special, parse_special)
+    except RecursionError:
+        raise InvalidOption("messages", "...", "messages and tools nested less deeply "
+                                               "(Python's JSON recursion limit)") from None
+
+
+def _render(native_model: Any, templates: Any, messages: Any, tools: Any, opts: ChatOptions | None,
+            add_special: bool, parse_special: bool) -> RenderedChat:
     opts = opts or ChatOptions()
     msgs = normalize_messages(messages)
     tool_list = normalize_tools(tools)

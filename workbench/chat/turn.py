@@ -241,7 +241,7 @@ def parse_reply(parser: Any, text: str) -> tuple[dict[str, Any], str | None]:
     for c in raw["tool_calls"]:
         try:
             args: Any = json.loads(c["arguments"]) if c["arguments"] else {}
-        except ValueError:
+        except (ValueError, RecursionError):
             args = c["arguments"]
         calls.append({"id": c["id"] or _call_id(), "name": c["name"], "arguments": args})
     message = {"role": "assistant", "content": raw["content"],
