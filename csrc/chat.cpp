@@ -221,7 +221,7 @@ public:
         common_chat_parser_params parser_params;
         std::string error;
         for (const std::string * j : {&messages_json, &tools_json, &kwargs_json}) {
-            if (nesting_depth(*j, "[]{}") > 2 * MAX_NESTING) {
+            if (nesting_depth(*j, "[]{}", true) > 2 * MAX_NESTING) {
                 throw py::value_error("the messages, tools or template variables nest more than " +
                                       std::to_string(2 * MAX_NESTING) + " levels of JSON deep");
             }

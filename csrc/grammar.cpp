@@ -9,10 +9,17 @@
 
 namespace wb {
 
-size_t nesting_depth(const std::string & text, const char * pairs) {
+size_t nesting_depth(const std::string & text, const char * pairs, bool json_strings) {
     size_t depth = 0, deepest = 0;
     const std::string p(pairs);
-    for (char c : text) {
+    for (size_t i = 0; i < text.size(); ++i) {
+        const char c = text[i];
+        if (json_strings && c == '"') {
+            for (++i; i < text.size() && text[i] != '"'; ++i) {
+                if (text[i] == '\\') ++i;
+            }
+            continue;
+        }
         const size_t at = p.find(c);
         if (at == std::string::npos) continue;
         if (at % 2 == 0) {
@@ -92,7 +99,7 @@ static std::string schema_to_grammar(const std::string & schema_text) {
     {
         py::gil_scoped_release release;
         try {
-            if (nesting_depth(schema_text, "[]{}") > 2 * MAX_NESTING) {
+            if (nesting_depth(schema_text, "[]{}", true) > 2 * MAX_NESTING) {
                 throw std::invalid_argument("the schema is nested more than " + std::to_string(2 * MAX_NESTING) +
                                             " levels of JSON deep");
             }

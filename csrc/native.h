@@ -33,9 +33,10 @@ void clear_recent_log();
 // 20,000 of GBNF groups crashed, 1,000 and 5,000 did not).
 constexpr size_t MAX_NESTING = 512;
 constexpr size_t MAX_GRAMMAR_RULES = 20000;
-// The deepest nesting of the bracket pairs in `pairs` (e.g. "[]{}"), brackets inside
-// anything counted alike (a conservative bound, not a parse).
-size_t nesting_depth(const std::string & text, const char * pairs);
+// The deepest nesting of the bracket pairs in `pairs` (e.g. "[]{}"). Free text: brackets
+// anywhere count (a conservative bound, not a parse). json_strings: the text is valid JSON
+// and brackets inside its strings do not count.
+size_t nesting_depth(const std::string & text, const char * pairs, bool json_strings = false);
 
 // Owns a llama_model. Read-only after load, so tokenize/detokenize are safe from any thread.
 class Model {

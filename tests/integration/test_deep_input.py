@@ -10,6 +10,7 @@ each killed the process.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -64,6 +65,8 @@ CHILD = textwrap.dedent(r'''
     message, error = parse_reply(r.parser, reply)
     out["reply"] = f"parse_error: {error}" if error else "parsed"
     out["reply_content_kept"] = message["content"] == reply
+    # brackets inside strings are text, not nesting
+    out["brackets_in_text"] = "[" * 5000 in wb.render_chat_template(m, [{"role": "user", "content": "[" * 5000}]).prompt
     # still usable afterwards
     out["after"] = wb.complete(m, "The capital of France is", response_tokens=3).reply
     print(json.dumps(out))
@@ -81,5 +84,42 @@ def test_deeply_nested_input_is_refused_not_fatal(model_path):
         assert out[key].startswith("InvalidOption") and "deeply" in out[key], out[key]
     assert out["messages_text"].startswith("InvalidOption"), out["messages_text"]
     assert out["reply"].startswith("parse_error") and "512 deep" in out["reply"]
-    assert out["reply_content_kept"] is True
+    assert out["reply_content_kept"] is True and out["brackets_in_text"] is True
     assert out["after"].strip()
+
+
+TEMPLATE_CHILD = textwrap.dedent(r'''
+    import importlib, json, sys
+    import workbench as wb
+    probe = importlib.import_module("workbench.chat.probe")
+    probe.TIMEOUT_S = 3.0
+    m = wb.load_model(model_path=sys.argv[1], n_seq_max=1)
+    msgs = [{"role": "user", "content": "hi"}]
+    out = {}
+    for name, t in [("recursion", "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}"),
+                    ("nesting", "{{ " + "(" * 100000 + "1" + ")" * 100000 + " }}"),
+                    ("loop", "{% for i in range(1000000000) %}x{% endfor %}"),
+                    ("fine", "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}")]:
+        try:
+            out[name] = "ok: " + wb.render_chat_template(m, msgs, chat_template=t).prompt
+        except Exception as e:
+            out[name] = f"{type(e).__name__}: ...{str(e)[-300:]}"
+    out["after"] = wb.chat(m, msgs, response_tokens=2).reply
+    print(json.dumps(out))
+''')
+
+
+def test_templates_that_kill_or_hang_their_renderer_are_refused(model_path, tmp_path):
+    """llama.cpp's jinja engine recurses and loops without bounds: each new template is
+    tried in a child process first (before: the first two cases were SIGSEGV)."""
+    env = dict(os.environ, WORKBENCH_HOME=str(tmp_path))   # no verdicts remembered from earlier runs
+    done = subprocess.run([sys.executable, "-c", TEMPLATE_CHILD, str(model_path)], capture_output=True, text=True,
+                          timeout=600, env=env)
+    assert done.returncode == 0, f"the child died with {done.returncode}: {done.stderr[-2000:]}"
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    for name in ("recursion", "nesting"):
+        assert out[name].startswith("InvalidOption") and "killed by SIGSEGV" in out[name], out[name]
+    assert out["loop"].startswith("InvalidOption") and "within 3 s" in out["loop"], out["loop"]
+    assert out["fine"] == "ok: <user>hi"
+    assert out["after"]
+    assert len(list((tmp_path / "template-probes").iterdir())) == 2   # the good ones, remembered

@@ -242,7 +242,7 @@ def test_model_without_template_raises_no_chat_template():
         pytest.skip("vendor/llama.cpp/models is not there")
     m = _native.Model(str(path), 0, True, True)
     try:
-        engine = SimpleNamespace(model_id="gpt2-vocab", model=m)
+        engine = SimpleNamespace(model_id="gpt2-vocab", model=m, path=path)
         with pytest.raises(NoChatTemplate, match="gpt2-vocab"):
             templates_for(engine)
         assert templates_for(engine, "{{ messages[0]['content'] }}").has_template  # an explicit one works

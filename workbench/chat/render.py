@@ -12,6 +12,7 @@ from .. import _native
 from ..errors import InvalidOption, NoChatTemplate
 from ..options import ChatOptions
 from .messages import normalize_messages, normalize_tools
+from .probe import check_template
 
 _TEMPLATES_PER_MODEL = 8
 
@@ -29,6 +30,7 @@ def templates_for(engine: Any, override: str | None = None) -> Any:
             if hit is not None:
                 entry[1].move_to_end(override)
                 return hit
+    check_template(engine.model, str(engine.path), override)  # in a child process, once per template
     try:
         tmpls = _native.ChatTemplates(engine.model, override or "")
     except ValueError as e:
