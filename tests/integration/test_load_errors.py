@@ -69,3 +69,26 @@ def test_duplicate_model_id(model_path):
     finally:
         wb.unload(mid)
     assert "dup" not in {m["model_id"] for m in wb.list_models()}
+
+
+@pytest.mark.parametrize("layers", [0, 1000])
+def test_metadata_that_makes_llama_cpp_abort(tmp_path, model_path, layers):
+    """A well-formed GGUF whose metadata says 0 or 1,000 layers trips a GGML_ASSERT, which
+    aborted the whole process; it is now tried in a child process and refused."""
+    import shutil
+
+    import gguf
+
+    f = tmp_path / f"layers-{layers}.gguf"
+    shutil.copy(model_path, f)
+    reader = gguf.GGUFReader(f, "r+")
+    field = reader.fields["llama.block_count"]
+    field.parts[field.data[0]][0] = layers
+    del reader
+    with pytest.raises(ModelFileError, match=r"SIGABRT in a probe process: .*GGML_ASSERT\(hparams.n_layer_all > 0"):
+        wb.load_model(model_path=str(f))
+    ok = wb.load_model(model_path=str(model_path), n_seq_max=1)       # and this process goes on
+    try:
+        assert wb.complete(ok, "Hi", response_tokens=1).tokens
+    finally:
+        wb.unload(ok)

@@ -25,6 +25,7 @@ from .. import _native
 from ..errors import (ContextOverflow, EngineStopped, InvalidOption, LoadError, NoSession, QueueFull, SeqCapacity,
                       SessionBusy, TranscriptMismatch)
 from ..models import check_model_file, fingerprint
+from ..models.probe import probe
 from ..options import LoadConfig, RequestOptions, default_threads
 from ..cache import SaveReason
 from .grammars import GrammarCache
@@ -92,6 +93,9 @@ class Engine(SessionOps, AdapterOps, CacheSaves, Recovery):
     def load(cls, model_id: str, path: Path, cfg: LoadConfig) -> "Engine":
         path = check_model_file(path)
         n_gpu = cfg.n_gpu_layers if _native.cuda else 0
+        # in a child process first: llama.cpp aborts the process on many malformed files
+        probe(path, fingerprint(path), flash_attn=cfg.flash_attn, type_k=cfg.type_k, type_v=cfg.type_v,
+              n_gpu_layers=n_gpu, use_mmap=cfg.use_mmap)
         try:
             native_model = _native.Model(str(path), n_gpu, cfg.use_mmap, False)
         except _native.NativeError as e:
