@@ -74,6 +74,8 @@ void bind_adapter(py::module_ & m) {
         } else {
             llama_set_adapters_lora(c, ptrs.data(), ptrs.size(), scales.data());
         }
+        // the context points at them: they must outlive their Python handles
+        ctx.keep_alive.assign(adapters.begin(), adapters.end());
     }, py::arg("ctx"), py::arg("adapters"), py::arg("scales"),
        "Apply exactly these LoRA adapters with these scales to every sequence of ctx.");
 }

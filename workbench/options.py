@@ -237,8 +237,9 @@ class LoadConfig:
     n_batch: int = opt(2048, _int(1), "most tokens one decode may carry (all sequences together)")
     n_ubatch: int = opt(512, _int(1), "physical micro-batch")
     n_seq_max: int = opt(4, _int(1, 256), "concurrent sequences")
-    n_threads: int | None = opt(None, _int(1, none_ok=True), "threads; None = cores this process may use")
-    n_threads_batch: int | None = opt(None, _int(1, none_ok=True), "prefill threads; None = n_threads")
+    n_threads: int | None = opt(None, _int(1, 512, none_ok=True),
+                                "threads (ggml's limit: 512); None = cores this process may use")
+    n_threads_batch: int | None = opt(None, _int(1, 512, none_ok=True), "prefill threads; None = n_threads")
     flash_attn: str = opt("auto", _choice("auto", "on", "off"))
     type_k: str = opt("f16", _choice(*KV_CACHE_TYPES), "K cache type")
     type_v: str = opt("f16", _choice(*KV_CACHE_TYPES), "V cache type (quantised needs flash_attn)")

@@ -43,8 +43,9 @@ from workbench import _native
 spec = json.loads(sys.argv[1])
 model = _native.Model(spec["model"], spec["n_gpu_layers"], spec["use_mmap"], False)
 ctx = _native.Context(model, spec["ctx"])
-if spec["adapter"]:
-    _native.set_adapters(ctx, [_native.Adapter(model, spec["adapter"])], [1.0])
+adapters = [_native.Adapter(model, spec["adapter"])] if spec["adapter"] else []  # alive while ctx uses them
+if adapters:
+    _native.set_adapters(ctx, adapters, [1.0])
 ids = model.tokenize("The quick brown fox jumps over the lazy dog.", True, True)[:8] or [0]
 if ctx.decode(ids, list(range(len(ids))), [0] * len(ids), [0] * (len(ids) - 1) + [1], 0.0) == 0:
     ctx.decode([ids[-1]], [len(ids)], [0], [1], 0.0)
