@@ -67,8 +67,9 @@ class Engine(SessionOps, AdapterOps, CacheSaves, Recovery):
         else:
             self.chunk = cfg.prefill_chunk_size
         self.grammars = GrammarCache(native_model)
-        self.kvcache = EngineCache(self.fingerprint, native_model.desc, ctx_params, self.counters) \
-            if cfg.cache else None
+        gpu_layers = cfg.n_gpu_layers if _native.cuda else 0
+        self.kvcache = EngineCache(self.fingerprint, native_model.desc, dict(ctx_params, n_gpu_layers=gpu_layers),
+                                   self.counters) if cfg.cache else None
         self.sessions = SessionTable()
         # LoRA: the applied set, and a requested set applied once nothing is running (every
         # request runs under one adapter set from admission to end)

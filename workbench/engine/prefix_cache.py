@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .. import _native
 from ..cache import CacheNamespace, DiskTier, RamTier, SaveReason, ShmTier, Tier, TieredCache, row_key
 from ..errors import InvalidOption
 
@@ -92,7 +93,11 @@ class EngineCache:
                  counters: Any) -> None:
         self.fingerprint = fingerprint
         self.quantisation = quantisation
-        self.kv_params = tuple(sorted((k, ctx_params[k]) for k in ("type_k", "type_v", "flash_attn")))
+        # the KV layout, and what computed it: another llama.cpp build (kernels, state format)
+        # or backend gives other bits, so its rows would break warm == cold
+        backend = "cuda" if _native.cuda and ctx_params.get("n_gpu_layers", 0) != 0 else "cpu"
+        self.kv_params = tuple(sorted([*((k, ctx_params[k]) for k in ("type_k", "type_v", "flash_attn")),
+                                       ("llama_commit", _native.llama_commit), ("backend", backend)]))
         self.counters = counters
         self.adapters: tuple[tuple[str, float], ...] = ()
         self._namespaces: dict[str, CacheNamespace] = {}
