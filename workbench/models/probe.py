@@ -7,9 +7,9 @@ process (SIGABRT), i.e. the user's notebook kernel. `files.check_model_file` cat
 that are not GGUF at all; this catches the rest the only general way there is: a child
 process loads the file as `load_model` would, creates a small context with the same KV
 settings (and attaches the adapter), and decodes a few tokens. If the child is killed by a
-signal, the file is refused with ModelFileError quoting llama.cpp's last words (the failed
-assert); anything else (including a clean error, which this process then reports itself)
-lets it through. A child running past the timeout is only logged: big files load slowly.
+signal (other than SIGKILL, which is the OOM killer's), the file is refused with
+ModelFileError quoting llama.cpp's last words (the failed assert); anything else
+(including a clean error, which this process then reports itself) lets it through. A child running past the timeout is only logged: big files load slowly.
 
 Verdicts are remembered in memory and under ``$WORKBENCH_HOME/model-probes`` (keyed by
 llama.cpp's commit, the files' sha256 and the settings the probe used), so a file is
@@ -96,6 +96,9 @@ def probe(model_path: Path, model_sha256: str, *, flash_attn: str, type_k: str, 
         return
     except OSError as e:
         log.warning("could not probe %s in a child process (%s); loading it unprobed", subject, e)
+        return
+    if done.returncode == -signal.SIGKILL:  # the OOM killer, most likely: not the file's fault
+        log.warning("the probe of %s was killed (SIGKILL: out of memory?); loading it unprobed", subject)
         return
     if done.returncode < 0:
         raise ModelFileError(str(subject),
