@@ -137,3 +137,19 @@ def test_shm_tier_default_root_under_dev_shm() -> None:
         shutil.rmtree(parent / name, ignore_errors=True)
         if not parent_existed:
             shutil.rmtree(parent, ignore_errors=True)
+
+
+def test_tier_roots_that_cannot_be_used_are_named(tmp_path: Path) -> None:
+    from workbench.engine.prefix_cache import make_tier
+    from workbench.errors import InvalidOption
+
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    for root, why in ((a_file, "is not a directory"), (shared, "accessible to other users"),
+                      ("/proc/no-such-dir", "No such file"), (42, "a directory path")):
+        with pytest.raises(InvalidOption, match=why) as e:
+            make_tier({"kind": "disk", "root": root})
+        assert e.value.key == "root"

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -70,6 +71,8 @@ def ensure_private_dir(path: Path) -> Path:
         except FileExistsError:
             pass
     st = os.stat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise NotADirectoryError(f"{path} is not a directory")
     if st.st_uid != os.getuid():
         raise PermissionError(f"{path} belongs to uid {st.st_uid}, not to us ({os.getuid()})")
     if st.st_mode & 0o077:  # KV state reveals the prompts it was computed from

@@ -11,6 +11,7 @@ the cache's bounded writer pool; a full pool drops the save (``saves_dropped``).
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -73,7 +74,14 @@ def make_tier(spec: Mapping[str, Any]) -> Tier:
         if spec.get("root") is not None:
             raise InvalidOption("root", spec["root"], "no root for a ram tier", "tier")
         return RamTier(name, budget)
-    return TIER_KINDS[kind](name, spec.get("root"), budget)
+    root = spec.get("root")
+    if root is not None and not isinstance(root, (str, os.PathLike)):
+        raise InvalidOption("root", root, "a directory path (str or PathLike)", "tier")
+    try:
+        return TIER_KINDS[kind](name, root, budget)
+    except OSError as e:  # cannot create it, not a directory, not private
+        raise InvalidOption("root", root, f"a private directory this process can create and write ({e})",
+                            "tier") from None
 
 
 # --- one engine's view ---------------------------------------------------------------------
