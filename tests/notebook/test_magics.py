@@ -228,14 +228,52 @@ def test_load_and_unload_through_the_magic(ip: Any, capsys: pytest.CaptureFixtur
     assert magics_of(ip).current_model is None
 
 
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "Get the current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+
+
 @pytest.mark.model
 def test_chat_magic(shell: Any) -> None:
-    r = shell.run_cell("%%chat --max-tokens 12 --as nbtest_c\nSay hello.")
-    if not hasattr(wb, "chat"):
-        assert usage_error(r) == "chat is not available yet"
-        return
+    r = shell.run_cell("%%chat --max-tokens 12 --session nbtest-s --new --as nbtest_c\nSay hello.")
     assert r.success, r.error_in_exec
     res = shell.user_ns["nbtest_c"]
     assert res.ok and res.reply and res.stats.generated_tokens <= 12
-    history = magics_of(shell).chats
-    assert any(m["role"] == "assistant" for conv in history.values() for m in conv)
+    conv = magics_of(shell).chats[f"{magics_of(shell).current_model}/nbtest-s"]
+    # the parsed assistant message joins the history
+    assert [m["role"] for m in conv] == ["user", "assistant"] and conv[1]["content"] == res.reply
+    assert conv[1]["tool_calls"] == []
+    r = shell.run_cell("%%chat --max-tokens 8 --session nbtest-s --as nbtest_c2\nAnd goodbye?")
+    assert r.success and len(conv) == 4
+    assert shell.user_ns["nbtest_c2"].cache_hit_kind in ("sticky", "partial", "exact")
+    # options that the default model's template cannot honour are usage errors, named
+    shell.user_ns["nbtest_tools"] = [WEATHER_TOOL]
+    err = usage_error(shell.run_cell("%%chat --tools nbtest_tools --tool-choice required\nWeather in Oslo?"))
+    assert "tool_choice" in err and "no tool-call format" in err
+    assert "--tools nope" in usage_error(shell.run_cell("%%chat --tools nope\nhi"))
+    assert len(conv) == 4                              # a failed turn leaves the history alone
+
+
+@pytest.mark.heavy
+def test_chat_magic_tool_loop_with_qwen_coder(ip: Any) -> None:
+    """A whole tool round trip from magics: the call, the tool's result, the answer."""
+    from tests.integration.heavy_models import fetch_chunked
+
+    mid = wb.load_model(model_path=str(fetch_chunked()), model_id="nbtest-qwen", n_ctx=4096, n_seq_max=1)
+    try:
+        magics_of(ip).current_model = mid
+        ip.user_ns["nbtest_tools"] = [WEATHER_TOOL]
+        r = ip.run_cell("%%chat --tools nbtest_tools --tool-choice required --max-tokens 64 --as nbtest_call\n"
+                        "What is the weather like in Paris right now?")
+        assert r.success, r.error_in_exec
+        call = ip.user_ns["nbtest_call"].raw.tool_calls[0]
+        assert call["name"] == "get_weather" and call["arguments"]["city"].lower() == "paris"
+        r = ip.run_cell(f"%%chat --tools nbtest_tools --tool-result {call['id']} --max-tokens 48 --as nbtest_ans\n"
+                        "sunny, 21 C")
+        assert r.success, r.error_in_exec
+        conv = magics_of(ip).chats[f"{mid}/"]
+        assert [m["role"] for m in conv] == ["user", "assistant", "tool", "assistant"]
+        assert conv[1]["tool_calls"][0]["id"] == call["id"] and conv[2]["tool_call_id"] == call["id"]
+        assert ip.user_ns["nbtest_ans"].stats.cache_hit_kind != "cold"   # the call's turn was cached
+    finally:
+        wb.unload(mid)

@@ -11,6 +11,9 @@ delegates to the public API, `views` and `widgets`; the %wb subcommands live in
     %%generate [--model ID] [--max-tokens N] [--temperature T] [--top-k K] [--top-p P]
                [--seed S] [--stop STR ...] [--grammar FILE|VAR] [--json-schema VAR]
                [--session S] [--ignore-eos] [--no-stream] [--background] [--as VAR]
+    %%chat     [the %%generate options] [--system TEXT] [--new] [--thinking]
+               [--thinking-budget N] [--tools VAR|FILE] [--tool-choice auto|none|required|NAME]
+               [--tool-result CALL_ID]
 """
 
 from __future__ import annotations
@@ -270,10 +273,16 @@ class WorkbenchMagics(Magics):
     @magic_arguments(name="%chat")
     @argument("--system", help="system message (starts a new conversation)")
     @argument("--new", action="store_true", help="start a new conversation")
+    @argument("--thinking", action="store_true", help="ask the template to think; show the block apart")
+    @argument("--thinking-budget", type=int, metavar="N", help="close the thinking block after N tokens")
+    @argument("--tools", metavar="VAR|FILE", help="OpenAI-shaped tools: a variable holding the list, or a JSON file")
+    @argument("--tool-choice", metavar="CHOICE", help="auto, none, required, or a tool's name")
+    @argument("--tool-result", metavar="CALL_ID", help="the cell is the result of this tool call (a tool message)")
     @with_arguments(_generation_args)
     def chat(self, line: str, cell: str) -> None:
-        """Send the cell as the user's message to workbench.chat (with this conversation's
-        history, per --session); the assistant's Result is stored in --as."""
+        """Send the cell as the user's message (or, with --tool-result, a tool's result) to
+        workbench.chat with this conversation's history (per model and --session); the
+        assistant's Result is stored in --as and its parsed message joins the history."""
         __tracebackhide__ = True
         chat_fn = _chat_function()
         args = parse_argstring(self.chat, line)
@@ -285,14 +294,46 @@ class WorkbenchMagics(Magics):
         if args.new or args.system is not None:
             self.chats.pop(key, None)
         history = self.chats.setdefault(key, [{"role": "system", "content": args.system}] if args.system else [])
-        messages = [*history, {"role": "user", "content": text}]
+        if args.tool_result is not None:
+            turn = {"role": "tool", "tool_call_id": args.tool_result, "content": text}
+        else:
+            turn = {"role": "user", "content": text}
+        messages = [*history, turn]
+        chat_opts = self._chat_options(args)
 
         def remember(result: Result) -> None:
             if result.ok and not result.cancelled:
-                history.extend([messages[-1], {"role": "assistant", "content": result.reply}])
+                parsed = getattr(result.raw, "message", None)
+                reply = dict(parsed) if parsed else {"role": "assistant", "content": result.reply}
+                history.extend([turn, reply])
 
-        self._run(args, lambda opts: _call_chat(chat_fn, model, messages, opts, stream=True),
-                  lambda opts: _call_chat(chat_fn, model, messages, opts, stream=False), model, remember)
+        self._run(args, lambda opts: _call_chat(chat_fn, model, messages, {**opts, **chat_opts}, stream=True),
+                  lambda opts: _call_chat(chat_fn, model, messages, {**opts, **chat_opts}, stream=False), model,
+                  remember)
+
+    def _chat_options(self, args: Any) -> dict[str, Any]:
+        opts: dict[str, Any] = {}
+        if args.thinking or args.thinking_budget is not None:
+            opts["thinking"] = "enabled"
+        if args.thinking_budget is not None:
+            opts["thinking_budget_tokens"] = args.thinking_budget
+        if args.tools is not None:
+            ns = self.shell.user_ns
+            value = ns.get(args.tools) if args.tools.isidentifier() else None
+            if value is None:
+                path = Path(args.tools).expanduser()
+                if not path.is_file():
+                    raise UsageError(f"--tools {args.tools}: neither a variable holding a list of tools nor a file")
+                try:
+                    value = json.loads(path.read_text())
+                except ValueError as e:
+                    raise UsageError(f"--tools {args.tools}: not valid JSON ({e})") from None
+            opts["tools"] = value
+        if args.tool_choice is not None:
+            choice = args.tool_choice
+            opts["tool_choice"] = (choice if choice in ("auto", "none", "required")
+                                   else {"type": "function", "function": {"name": choice}})
+        return opts
 
 
 def _text_from(ref: str, ns: dict[str, Any], flag: str, what: str) -> str:
@@ -318,7 +359,7 @@ def _chat_function() -> Callable[..., Any]:
     return fn  # type: ignore[no-any-return]
 
 
-def _call_chat(chat_fn: Callable[..., Any], model: str, messages: list[dict[str, str]], opts: dict[str, Any],
+def _call_chat(chat_fn: Callable[..., Any], model: str, messages: list[dict[str, Any]], opts: dict[str, Any],
                *, stream: bool) -> Any:
     """The one place %%chat calls the chat API: workbench.chat_stream(model, messages,
     **opts) for a live view (a ChatStream), workbench.chat(...) for --no-stream (a
