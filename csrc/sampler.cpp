@@ -122,7 +122,7 @@ public:
         if (chain_ != nullptr) llama_sampler_reset(chain_);
     }
 
-    // "inside" (forcing or counting), "done" or "idle"; None without a budget
+    // idle, counting, waiting_utf8, forcing or done (llama.cpp's states); None without a budget
     py::object budget_state() const {
         if (budget_ == nullptr) return py::none();
         switch (common_reasoning_budget_get_state(budget_)) {

@@ -117,3 +117,22 @@ def test_bad_grammar_is_a_value_error(native_ctx):
     m, _ = native_ctx
     with pytest.raises(ValueError, match="grammar"):
         _native.Sampler(m, {"grammar": "root ::= (("})
+
+
+def test_reasoning_budget_sampler_states_and_forcing(native_ctx):
+    m, ctx = native_ctx
+    end = m.tokenize(" ZZQ", False, True)
+    rb = {"budget": 1, "start": m.tokenize("The", False, True), "end": end, "forced": end}
+    assert _native.Sampler(m, {"temperature": 0.0}).budget_state is None
+    assert _native.Sampler(m, {"reasoning_budget": rb}).budget_state == "idle"
+    s = _native.Sampler(m, {"reasoning_budget": dict(rb, inside=True)})
+    assert s.budget_state == "counting"
+    a = m.tokenize("The capital of France is", True, True)
+    ctx.memory_clear()
+    assert ctx.decode(a, list(range(len(a))), [0] * len(a), [0] * (len(a) - 1) + [1]) == 0
+    s.sample(ctx, len(a) - 1)                          # the one budget token
+    assert s.budget_state == "forcing"
+    assert s.sample(ctx, len(a) - 1) == end[0]         # whatever the logits say
+    for bad in (dict(rb, end=[], forced=[]), dict(rb, budget=-1), dict(rb, forced=[10**9])):
+        with pytest.raises(ValueError):
+            _native.Sampler(m, {"reasoning_budget": bad})
