@@ -38,6 +38,7 @@ def test_warm_restore_is_token_exact_per_tier(model, cache_tiers, kind):
     long_prompt = PROMPT + "Explain it step by step. " * 60       # ~350 tokens
     cold = wb.complete(model, long_prompt, response_tokens=32, cache=False)
     first = wb.complete(model, long_prompt, response_tokens=32)    # cold, saves rows
+    assert wb.wait_for_saves()                                      # written off the decode path
     assert first.stats.cache_hit_kind == "cold" and first.tokens == cold.tokens
     warm = wb.complete(model, long_prompt, response_tokens=32)
     assert warm.stats.cache_hit_kind == "exact" and warm.stats.cache_delta["read"] == 1
@@ -66,6 +67,7 @@ def test_warm_restore_is_token_exact_for_a_multi_chunk_prompt(model, topic):
     scope = f"multi-chunk-{topic}"
     cold = wb.complete(model, prompt, response_tokens=24, cache=False)
     first = wb.complete(model, prompt, response_tokens=24, cache_scope=scope)
+    assert wb.wait_for_saves()
     assert first.stats.cache_hit_kind == "cold" and first.tokens == cold.tokens
     assert wb.cached_prefix_len(model, prompt, cache_scope=scope) >= n - 1
     warm = wb.complete(model, prompt, response_tokens=24, cache_scope=scope)
@@ -88,6 +90,7 @@ def test_cold_checkpoints_stay_inside_the_band(fresh_model):
 
 def test_scopes_never_share_rows(model):
     wb.complete(model, PROMPT, response_tokens=4, cache_scope="tenant-a")
+    assert wb.wait_for_saves()                     # rows are written off the decode path
     assert wb.complete(model, PROMPT, response_tokens=4, cache_scope="tenant-a").stats.cache_hit_kind == "exact"
     other = wb.complete(model, PROMPT + " ", response_tokens=4, cache_scope="tenant-b")
     assert other.stats.cache_hit_kind == "cold"
@@ -99,6 +102,7 @@ def test_scopes_never_share_rows(model):
 def test_multi_turn_text_chat_hits_at_least_the_previous_prompt(model):
     turn1 = SYSTEM + "<|im_start|>user\nName a red fruit.<|im_end|>\n<|im_start|>assistant\n"
     r1 = wb.complete(model, turn1, response_tokens=24)
+    assert wb.wait_for_saves()
     turn2 = turn1 + r1.reply + "<|im_end|>\n<|im_start|>user\nAnd a yellow one?<|im_end|>\n<|im_start|>assistant\n"
     r2 = wb.complete(model, turn2, response_tokens=24)
     assert r2.stats.cache_hit_kind == "partial"
