@@ -75,6 +75,18 @@ def test_warm_restore_is_token_exact_for_a_multi_chunk_prompt(model, topic):
     assert warm.tokens == cold.tokens
 
 
+def test_parent_key_right_after_the_turn_is_exact(model, cache_tiers):
+    """An agent loop resumes from the previous turn's finish_key at once; the finish row is
+    still in the writer pool (a disk tier: fsync), so admission waits for it, briefly."""
+    cache_tiers({"kind": "disk", "budget_bytes": 512 * 2**20})
+    turn = PROMPT
+    for step in range(3):
+        r = wb.complete(model, turn, response_tokens=8, cache_scope="agent-loop")
+        turn = turn + r.reply + f"<|im_end|>\n<|im_start|>user\nStep {step}: go on.<|im_end|>\n<|im_start|>assistant\n"
+        nxt = wb.complete(model, turn, response_tokens=1, parent_key=r.finish_key, cache_scope="agent-loop")
+        assert nxt.stats.cache_hit_kind == "exact" and nxt.stats.cache_delta["read"] == 1
+
+
 @pytest.mark.load(cold_checkpoint_interval=128, cold_min_tokens=200, cold_max_tokens=400)
 def test_cold_checkpoints_stay_inside_the_band(fresh_model):
     facts = " ".join(f"Fact {i}: tides follow the moon in case {i}." for i in range(45))

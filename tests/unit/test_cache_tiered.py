@@ -317,3 +317,42 @@ def test_concurrent_use_keeps_invariants(tmp_path: Path) -> None:
         assert sum((tmp_path / tier / n).stat().st_size for n in names) == counters[f"bytes_{tier}"]
     for key in cache.keys():
         assert cache.get(key, promote=False) is not None
+
+
+def test_lookups_wait_for_a_queued_save_that_would_serve_them(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A request right after the one that saved must not race the writer pool: a queued
+    row that is a longer prefix (or the parent_key asked for) is waited for, briefly."""
+    import time
+
+    cache = TieredCache([DiskTier("disk", tmp_path / "disk", None)], policy="lru")
+    gate = threading.Event()
+    write = DiskTier.write
+
+    def slow_write(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        gate.wait(5)                          # the writer is busy until the test says so
+        return write(self, *args, **kwargs)
+
+    monkeypatch.setattr(DiskTier, "write", slow_write)
+    short = list(range(1, 21))
+    assert cache.put_async(NS, short, b"s" * ROW)
+    prompt = short + [99, 98]
+    # nothing stored yet; an unrelated prompt or another namespace does not wait
+    assert cache.wait_for_queued(NS, [7, 7, 7], timeout=0.05) is False
+    assert cache.wait_for_queued(NS_B, prompt, timeout=0.05) is False
+    threading.Timer(0.1, gate.set).start()
+    started = time.perf_counter()
+    assert cache.wait_for_queued(NS, prompt, timeout=5) is True
+    assert time.perf_counter() - started < 4
+    match = cache.lookup(NS, prompt)
+    assert match is not None and match.n_tokens == len(short)
+    assert cache.wait_for_queued(NS, prompt, timeout=0.05) is False   # stored: nothing to wait for
+    # a queued row no longer than what is stored is not worth waiting for, unless it is the key asked for
+    gate.clear()
+    same = list(range(1, 11))
+    assert cache.put_async(NS, same, b"t" * ROW)
+    key = keys.row_key(NS.digest(), same)
+    assert cache.wait_for_queued(NS, prompt, timeout=0.05) is False
+    threading.Timer(0.1, gate.set).start()
+    assert cache.wait_for_queued(NS, prompt, key=key, timeout=5) is True and key in cache
+    assert cache.counters()["queued_wait_ns"] > 0

@@ -9,6 +9,7 @@ Names used by the cache (all ints; times are nanosecond totals):
     rejected_<reason>, rejected_total, orphans_removed   corrupt rows and tmp orphans
     lookup_ns, store_ns, load_ns, pack_ns, unpack_ns     time totals (pack/unpack are
                                                          recorded by the engine)
+    queued_wait_ns                              time lookups waited for a queued save
 """
 
 from __future__ import annotations

@@ -131,6 +131,8 @@ class EngineCache:
         """Load the longest cached prefix of ``prompt`` into ``seq``; None when nothing usable."""
         cache = self.cache
         ns = self.namespace(scope)
+        # a row the writer pool has not stored yet (the previous turn's finish row, say)
+        cache.wait_for_queued(ns, prompt, parent_key)
         match, kind = None, "partial"
         if parent_key is not None:
             match, kind = cache.match_key(ns, prompt, parent_key), "exact"
