@@ -202,6 +202,8 @@ class TieredCache:
         `tokens` better than what is stored: row `key`, or a longer prefix of `tokens`.
         True if it waited. A request that follows the one that saved (a next turn, a
         parent_key resume) then finds the row instead of racing the writer."""
+        if not self._queued:    # the common case: nothing queued, no walk (a racy read is fine)
+            return False
         raw = keys.token_bytes(tokens)
         ns = _digest(namespace)
         with self._lock:

@@ -20,15 +20,13 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import signal
 import subprocess
 import sys
-import threading
 from typing import Any
 
 from .. import _native
+from ..child_probe import clear, cleared, signal_name
 from ..errors import InvalidOption
-from ..models import workbench_home
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +61,7 @@ if tmpls.has_template:
 print("ok")
 """
 
-_lock = threading.Lock()
-_safe: set[str] = set()
+FOLDER = "template-probes"
 
 
 def _key(native_model: Any, override: str | None) -> str:
@@ -80,13 +77,7 @@ def check_template(native_model: Any, model_path: str, override: str | None) -> 
     """Raise InvalidOption if the template (``override``, else the model's) kills or hangs a
     process that parses and renders it."""
     key = _key(native_model, override)
-    with _lock:
-        if key in _safe:
-            return
-    marker = workbench_home() / "template-probes" / key
-    if marker.exists():
-        with _lock:
-            _safe.add(key)
+    if cleared(FOLDER, key):
         return
     what = override if override else f"<the chat template of {model_path}>"
     try:
@@ -100,16 +91,9 @@ def check_template(native_model: Any, model_path: str, override: str | None) -> 
         log.warning("could not probe the chat template in a child process (%s); rendering it unprobed", e)
         return
     if done.returncode < 0:
-        name = signal.Signals(-done.returncode).name if -done.returncode in signal.valid_signals() else "?"
         raise InvalidOption("chat_template", what, f"a template llama.cpp can render without dying (a probe "
-                                                   f"process rendering it was killed by {name}: unbounded "
-                                                   f"recursion or nesting?)")
-    with _lock:
-        _safe.add(key)
-    if done.returncode == 0:
-        try:
-            marker.parent.mkdir(parents=True, exist_ok=True)
-            marker.touch()
-        except OSError:
-            pass
+                                                   f"process rendering it was killed by "
+                                                   f"{signal_name(done.returncode)}: unbounded recursion or "
+                                                   f"nesting?)")
     # rc > 0: the template's own error (parse or render), which this process reports cleanly
+    clear(FOLDER, key, persist=done.returncode == 0)

@@ -25,13 +25,11 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 from pathlib import Path
-from typing import Any
 
 from .. import _native
+from ..child_probe import clear, cleared, signal_name
 from ..errors import ModelFileError
-from .default import workbench_home
 
 log = logging.getLogger(__name__)
 
@@ -52,15 +50,7 @@ if ctx.decode(ids, list(range(len(ids))), [0] * len(ids), [0] * (len(ids) - 1) +
 print("ok")
 """
 
-_lock = threading.Lock()
-_safe: set[str] = set()
-
-
-def _signal_name(rc: int) -> str:
-    try:
-        return signal.Signals(-rc).name
-    except ValueError:
-        return f"signal {-rc}"
+FOLDER = "model-probes"
 
 
 def _last_words(stderr: str) -> str:
@@ -79,13 +69,7 @@ def probe(model_path: Path, model_sha256: str, *, flash_attn: str, type_k: str, 
                     "n_threads_batch": 1, "flash_attn": flash_attn, "type_k": type_k, "type_v": type_v}}
     key = hashlib.sha256(json.dumps([_native.llama_commit, model_sha256, adapter_sha256, flash_attn, type_k,
                                      type_v, n_gpu_layers, _native.cuda]).encode()).hexdigest()
-    with _lock:
-        if key in _safe:
-            return
-    marker = workbench_home() / "model-probes" / key
-    if marker.exists():
-        with _lock:
-            _safe.add(key)
+    if cleared(FOLDER, key):
         return
     subject = adapter_path if adapter_path is not None else model_path
     try:
@@ -102,13 +86,6 @@ def probe(model_path: Path, model_sha256: str, *, flash_attn: str, type_k: str, 
         return
     if done.returncode < 0:
         raise ModelFileError(str(subject),
-                             f"llama.cpp dies loading or running it ({_signal_name(done.returncode)} in a probe "
+                             f"llama.cpp dies loading or running it ({signal_name(done.returncode)} in a probe "
                              f"process: {_last_words(done.stderr)})")
-    with _lock:
-        _safe.add(key)
-    if done.returncode == 0:
-        try:
-            marker.parent.mkdir(parents=True, exist_ok=True)
-            marker.touch()
-        except OSError:
-            pass
+    clear(FOLDER, key, persist=done.returncode == 0)
