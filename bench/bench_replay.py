@@ -2,7 +2,7 @@
 """How fast the eviction lab replays a long trace (no model involved).
 
 Generates a seeded trace (100,000 requests by default), then runs
-`workbench.notebook.lab.replay` through the five registered policies at the given cache
+`workbench.lab.replay` through the five registered policies at the given cache
 sizes, and prints the wall time of each stage, the per-(policy, size) replay times and
 the CPU time of this process and its worker processes.
 
@@ -22,9 +22,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from workbench.notebook import lab, traces  # noqa: E402
-from workbench.notebook.plan import build_plan  # noqa: E402
-from workbench.notebook.units import format_bytes  # noqa: E402
+from workbench import lab  # noqa: E402
+from workbench.lab import traces  # noqa: E402
+from workbench.lab.plan import build_plan  # noqa: E402
+from workbench.units import format_bytes  # noqa: E402
 
 WORKLOADS = {"chats": traces.multi_turn_chats, "agents": traces.agent_tasks, "rag": traces.rag_queries}
 

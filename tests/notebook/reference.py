@@ -7,7 +7,7 @@ from typing import Any
 
 from workbench.cache import CacheNamespace, RamTier, TieredCache
 from workbench.cache.policies import PolicySpec
-from workbench.notebook.traces import Trace
+from workbench.lab.traces import Trace
 
 NS = CacheNamespace("cd" * 32, scope="reference")
 

@@ -12,9 +12,10 @@ import pytest
 from .reference import reference_replay
 from workbench.cache import LRU, S3FIFO, get_policy
 from workbench.cache.types import RowStats
-from workbench.notebook import lab, traces
-from workbench.notebook.plan import CHECKPOINT, build_plan, run_plan
-from workbench.notebook.traces import Trace
+from workbench import lab
+from workbench.lab import traces
+from workbench.lab.plan import CHECKPOINT, build_plan, run_plan
+from workbench.lab.traces import Trace
 
 EXACT_COLUMNS = ["policy", "size_bytes", "requests", "hits", "exact_hits", "partial_hits", "misses", "hit_ratio",
                  "miss_ratio", "byte_hit_ratio", "prompt_tokens", "prefill_tokens_saved", "prefill_saved_fraction",
@@ -277,7 +278,7 @@ def test_time_invariant_function_takes_the_fast_path_with_the_same_result() -> N
 
     fast = lambda row, now: float(row.hits)  # noqa: E731
     fast.time_invariant = True  # type: ignore[attr-defined]
-    from workbench.notebook.simcache import SimCache
+    from workbench.lab.simcache import SimCache
 
     assert SimCache(get_policy(fast), 10).mode == "event"
     assert SimCache(get_policy(by_hits), 10).mode == "pure"
@@ -369,3 +370,21 @@ def test_speed_of_a_100k_request_replay(capsys: pytest.CaptureFixture[str]) -> N
               + ", ".join(f"{p} {s:.1f}" for p, s in zip(df['policy'], df['seconds'])) + ")")
     assert len(df) == 5 and (df["requests"] == 100_000).all()
     assert not math.isnan(df["hit_ratio"].sum())
+
+
+def test_lab_imports_and_replays_without_ipython():
+    """The lab is its own package: a replay runs in a process that never imports IPython or
+    ipywidgets (scripts, benchmarks and Ray workers use it without a notebook)."""
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "from workbench import lab\n"
+            "from workbench.lab import traces\n"
+            "df = lab.replay(traces.multi_turn_chats(40, seed=1), policies=['lru'], sizes=['64MiB'])\n"
+            "assert len(df) == 1, df\n"
+            "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('IPython', 'ipywidgets', 'ipykernel'))\n"
+            "print(bad)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

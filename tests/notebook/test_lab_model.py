@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from workbench.notebook import lab, traces, views
+from workbench import lab
+from workbench.lab import traces
+from workbench.notebook import views
 
 pytestmark = pytest.mark.model
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from workbench.notebook import traces
-from workbench.notebook.traces import Trace
+from workbench.lab import traces
+from workbench.lab.traces import Trace
 
 
 def test_same_seed_same_trace_other_seed_other_trace() -> None:

@@ -1,16 +1,15 @@
-"""The notebook layer: IPython magics, live widgets, pandas views, plots, the eviction lab.
+"""The notebook layer: IPython magics, live widgets, pandas views, plots.
 
     %load_ext workbench            # or %load_ext workbench.notebook
     %wb load default
     %%generate --max-tokens 32 --as r
     Tell me about {topic}
 
-    from workbench.notebook import lab, traces, views, plots
-    df = lab.replay(traces.multi_turn_chats(10_000), sizes=["1GiB", "4GiB", "16GiB"])
-    lab.plot_miss_ratio_curves(df)
+    from workbench.notebook import views, plots
 
-Modules are imported on first use, so `import workbench.notebook` needs neither pandas,
-matplotlib nor ipywidgets.
+The eviction lab is its own package, `workbench.lab` (no IPython needed); `lab` and
+`traces` are reachable from here too. Modules are imported on first use, so
+`import workbench.notebook` needs neither pandas, matplotlib nor ipywidgets.
 """
 
 from __future__ import annotations
@@ -21,16 +20,19 @@ from typing import Any
 __all__ = ["Result", "lab", "load_ipython_extension", "magics", "plot_miss_ratio_curves", "plots", "replay",
            "traces", "unload_ipython_extension", "views", "widgets"]
 
-_MODULES = {"commands", "lab", "magics", "plan", "plots", "results", "simcache", "traces", "units", "views",
-            "widgets"}
-_NAMES = {"Result": "results", "replay": "lab", "plot_miss_ratio_curves": "lab"}
+_MODULES = {"commands", "magics", "plots", "results", "views", "widgets"}
+_ELSEWHERE = {"lab": "workbench.lab", "traces": "workbench.lab.traces"}
+_NAMES = {"Result": "workbench.notebook.results", "replay": "workbench.lab",
+          "plot_miss_ratio_curves": "workbench.lab"}
 
 
 def __getattr__(name: str) -> Any:
     if name in _MODULES:
         return importlib.import_module(f"{__name__}.{name}")
+    if name in _ELSEWHERE:
+        return importlib.import_module(_ELSEWHERE[name])
     if name in _NAMES:
-        return getattr(importlib.import_module(f"{__name__}.{_NAMES[name]}"), name)
+        return getattr(importlib.import_module(_NAMES[name]), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -18,7 +18,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 import workbench as wb
 from workbench import errors
 from workbench.notebook import views, widgets
-from workbench.notebook.units import format_bytes, parse_bytes
+from workbench.units import format_bytes, parse_bytes
 
 if TYPE_CHECKING:
     from workbench.notebook.magics import WorkbenchMagics

@@ -87,7 +87,7 @@ def hit_kinds_over_time(data: Iterable[Any] | pd.DataFrame, *, window: int = 20,
 def tier_occupancy(tiers: Any, *, ax: Any = None) -> Any:
     """Used bytes against budget per tier (a TieredCache, a model id or views.tiers())."""
     from workbench.notebook import views
-    from workbench.notebook.units import format_bytes
+    from workbench.units import format_bytes
 
     df = tiers if isinstance(tiers, pd.DataFrame) else views.tiers(tiers)
     fig, ax = _axes(ax, (7.0, 1.0 + 0.6 * max(1, len(df))))
@@ -119,7 +119,7 @@ def eviction_timeline(replay: pd.DataFrame, *, size_bytes: int | None = None,
     tl = tl[tl["size_bytes"] == size]
     if not len(tl):
         raise ValueError(f"the replay has no cache size {size_bytes}")
-    from workbench.notebook.units import format_bytes
+    from workbench.units import format_bytes
 
     fig, ax = _axes(ax)
     names = policies or [p for p in dict.fromkeys(tl["policy"].astype(str))]
@@ -140,7 +140,7 @@ def miss_ratio_curves(replay: pd.DataFrame, *, metric: str = "miss_ratio", ax: A
     against cache size, one line per policy, log-scale sizes."""
     if metric not in replay.columns:
         raise ValueError(f"no column {metric!r} in the replay output")
-    from workbench.notebook.units import format_bytes
+    from workbench.units import format_bytes
 
     fig, ax = _axes(ax)
     for name, part in replay.groupby("policy", observed=True, sort=False):

@@ -30,10 +30,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from workbench.cache.policies import EvictionPolicy, PolicySpec, get_policy
-from workbench.notebook.plan import SAVE_KINDS, Plan, build_plan, check_saves, run_plan
-from workbench.notebook.simcache import ranking_mode
-from workbench.notebook.traces import Trace
-from workbench.notebook.units import parse_bytes
+from workbench.lab.plan import SAVE_KINDS, Plan, build_plan, check_saves, run_plan
+from workbench.lab.simcache import ranking_mode
+from workbench.lab.traces import Trace
+from workbench.units import parse_bytes
 
 DEFAULT_BYTES_PER_TOKEN = 23_040  # SmolLM2-135M: 30 layers * 2 (K, V) * 192 * 2 bytes (f16)
 DEFAULT_POLICIES: tuple[str, ...] = ("lru", "lfu", "frecency", "gdsf", "s3fifo")

@@ -46,8 +46,8 @@ from typing import Any
 from workbench.cache.keys import CacheNamespace, row_key_from_bytes
 from workbench.cache.policies import EvictionPolicy
 from workbench.cache.types import SaveReason
-from workbench.notebook.simcache import SimCache
-from workbench.notebook.traces import Trace
+from workbench.lab.simcache import SimCache
+from workbench.lab.traces import Trace
 
 SAVE_KINDS = ("checkpoint", "agent_prefix", "prompt", "finish")
 NAMESPACE = CacheNamespace("0" * 64, scope="eviction-lab").digest()

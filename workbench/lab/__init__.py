@@ -1,0 +1,30 @@
+"""The eviction lab: request traces, a payload-free simulation built from the cache's own
+classes, and replays that compare eviction policies at several byte budgets.
+
+    from workbench import lab
+    from workbench.lab import traces
+    df = lab.replay(traces.multi_turn_chats(10_000), sizes=["1GiB", "4GiB", "16GiB"])
+    lab.plot_miss_ratio_curves(df)
+
+Importable without IPython or ipywidgets: replays need numpy only, the DataFrames pandas,
+the plots matplotlib (imported on first use).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__all__ = ["default_sizes", "experiment", "measure", "plan", "plot_miss_ratio_curves", "replay", "simcache",
+           "traces"]
+
+_MODULES = {"experiment", "plan", "simcache", "traces"}
+_NAMES = {"replay", "measure", "plot_miss_ratio_curves", "default_sizes", "DEFAULT_POLICIES"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _MODULES:
+        return importlib.import_module(f"{__name__}.{name}")
+    if name in _NAMES:
+        return getattr(importlib.import_module(f"{__name__}.experiment"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
