@@ -21,7 +21,10 @@ All integers little-endian; the header is 160 bytes (struct `<8sHHBBHIIQd16s32s3
      160  4*n    token ids        int32
        .     .   payload          llama.cpp sequence state, opaque here
 
-Verification order: magic, version, sizes, header checksum (covers tokens), fields, key
+Verification order: regular file (opened with O_NONBLOCK and O_NOFOLLOW, so a FIFO or a
+symlink planted under a row's name never blocks or redirects a read), magic, version,
+sizes (the header's lengths against the file's size, then against the reader's bound
+`max_payload`, before anything is hashed), header checksum (covers tokens), fields, key
 (recomputed from namespace and tokens), expected fingerprint, payload checksum. Each
 failure raises `CorruptRow` with a specific `CorruptReason`.
 """
@@ -29,8 +32,10 @@ failure raises `CorruptRow` with a specific `CorruptReason`.
 from __future__ import annotations
 
 import enum
+import errno
 import hashlib
 import os
+import stat
 import struct
 from dataclasses import dataclass
 from typing import BinaryIO
@@ -64,6 +69,9 @@ class CorruptReason(str, enum.Enum):
     KEY_MISMATCH = "key_mismatch"
     WRONG_FINGERPRINT = "wrong_fingerprint"
     PAYLOAD_CHECKSUM = "payload_checksum"
+    NOT_REGULAR = "not_regular"      # a FIFO, device, socket, symlink or directory
+    TOO_LARGE = "too_large"          # payload length past the reader's bound
+    BAD_STATE = "bad_state"          # verified file, but llama.cpp refused its state
 
 
 class CorruptRow(Exception):
@@ -133,19 +141,47 @@ def encode_row(meta: RowMeta, payload: bytes, algo: ChecksumAlgo = ChecksumAlgo.
     return header[:_CHECKED] + struct.pack("<Q", check) + meta.tokens
 
 
+_OPEN_FLAGS = (os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0)
+               | getattr(os, "O_CLOEXEC", 0))
+
+
+def open_regular(path: str | os.PathLike[str]) -> BinaryIO:
+    """Open a row file for reading without ever blocking: O_NONBLOCK (opening a FIFO with no
+    writer would otherwise wait forever), O_NOFOLLOW, and a regular-file check on the open
+    descriptor (so a file swapped in after a stat cannot slip through). FileNotFoundError
+    when absent, CorruptRow(NOT_REGULAR) for anything but a regular file, OSError for
+    other failures to open (permissions, I/O)."""
+    try:
+        fd = os.open(path, _OPEN_FLAGS)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENXIO, errno.EISDIR):  # symlink, socket, directory
+            raise CorruptRow(CorruptReason.NOT_REGULAR, exc.strerror or "") from None
+        raise
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise CorruptRow(CorruptReason.NOT_REGULAR, f"file type {stat.filemode(mode)[0]!r}")
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def read_row(
     path: str | os.PathLike[str],
     *,
     verify: bool = True,
     expected_fingerprint: bytes | None = None,
     load_payload: bool = True,
+    max_payload: int | None = None,
 ) -> Row:
     """Read and check a row file; raise CorruptRow naming the first failed check.
 
     `verify=False` skips only the payload checksum. With `load_payload=False` the payload
     is streamed through the checksum (when verifying) instead of being kept in memory.
+    `max_payload`: a payload longer than this is refused (TOO_LARGE) before it is read.
     """
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
         file_size = os.fstat(f.fileno()).st_size
         head = f.read(HEADER_SIZE)
         if len(head) < len(MAGIC):
@@ -166,6 +202,8 @@ def read_row(
             raise CorruptRow(CorruptReason.TRUNCATED, f"{file_size} of {expected_size} bytes")
         if file_size > expected_size:
             raise CorruptRow(CorruptReason.SIZE_MISMATCH, f"{file_size} bytes, expected {expected_size}")
+        if max_payload is not None and payload_len > max_payload:
+            raise CorruptRow(CorruptReason.TOO_LARGE, f"payload of {payload_len} bytes, at most {max_payload}")
         tokens = f.read(4 * n_tokens)
         if xxhash.xxh3_64_intdigest(head[:_CHECKED] + tokens) != header_check:
             raise CorruptRow(CorruptReason.HEADER_CHECKSUM)

@@ -180,3 +180,8 @@ def row_key(namespace_digest: bytes, tokens: Tokens) -> str:
 def row_key_from_bytes(namespace_digest: bytes, raw: bytes) -> str:
     """`row_key` over already-encoded tokens."""
     return xxhash.xxh3_128_hexdigest(namespace_digest + raw)
+
+
+def digest_of(namespace: CacheNamespace | bytes) -> bytes:
+    """The namespace digest, given a namespace or the digest itself."""
+    return namespace if isinstance(namespace, bytes) else namespace.digest()

@@ -13,9 +13,12 @@ A crash leaves at worst a tmp file, which the next scan removes once its writer 
 Directories are created 0700 and must belong to us: shared /dev/shm is world-writable,
 and someone else's directory there must never be trusted.
 
-Scan: adopt every `<key>.kv` that verifies (magic, version, sizes, checksums, key, and
-optionally the model fingerprint); delete and count the rest by reason; delete tmp
-orphans (writer pid gone, or older than `tmp_ttl_s`); leave other files alone.
+Scan: adopt every `<key>.kv` that verifies (a regular file, magic, version, sizes against
+the file and against `max_payload`, header checksum, key, optionally the model fingerprint,
+and the payload checksum when `verify_payload`); delete and count the rest by reason;
+delete tmp orphans (writer pid gone, or older than `tmp_ttl_s`); leave other files alone.
+Without `verify_payload` a scan reads 160 bytes plus the tokens of each row, whatever its
+payload size, and the payload is verified when the row is first read.
 """
 
 from __future__ import annotations
@@ -169,6 +172,7 @@ def scan_dir(
     verify_payload: bool = True,
     expected_fingerprint: bytes | None = None,
     tmp_ttl_s: float = 600.0,
+    max_payload: int | None = None,
 ) -> ScanReport:
     """Verify every row file under `root`; see the module doc for what is kept."""
     report = ScanReport()
@@ -182,19 +186,19 @@ def scan_dir(
             else:
                 report.tmp_kept += 1
             continue
-        if not name.endswith(ROW_SUFFIX) or not entry.is_file(follow_symlinks=False):
+        if not name.endswith(ROW_SUFFIX):
             continue
-        try:
+        try:  # read_row refuses a FIFO, symlink, device or directory under a row's name
             row = read_row(entry.path, verify=verify_payload, expected_fingerprint=expected_fingerprint,
-                           load_payload=False)
+                           load_payload=False, max_payload=max_payload)
             if name != f"{row.meta.key}{ROW_SUFFIX}":
                 raise CorruptRow(CorruptReason.KEY_MISMATCH, f"file {name} holds {row.meta.key}")
         except CorruptRow as exc:
             _unlink_quietly(entry.path)
             report.rejected[exc.reason.value] = report.rejected.get(exc.reason.value, 0) + 1
             continue
-        except FileNotFoundError:
-            continue
+        except OSError:
+            continue  # vanished, or unreadable (permissions, I/O): not adopted, left alone
         report.rows.append((row.meta, row_size(row.meta.n_tokens, row.payload_len)))
     return report
 
@@ -225,5 +229,5 @@ def _is_orphan(entry: os.DirEntry[str], now: float, ttl: float) -> bool:
 def _unlink_quietly(path: str | Path) -> None:
     try:
         os.unlink(path)
-    except FileNotFoundError:
-        pass
+    except OSError:
+        pass  # gone already, or a directory planted under a row's name: never adopted anyway

@@ -27,18 +27,19 @@ from typing import Any
 from workbench.cache import keys
 from workbench.cache.catalog import Catalog
 from workbench.cache.counters import Counters
-from workbench.cache.format import CorruptRow, RowMeta
+from workbench.cache.format import CorruptReason, CorruptRow, RowMeta
 from workbench.cache.keys import CacheNamespace, Tokens
 from workbench.cache.levels import Level
 from workbench.cache.placement import Job, TierStack
 from workbench.cache.policies import PolicySpec, get_policy
+from workbench.cache.queued import QueuedSaves
 from workbench.cache.save_queue import SaveQueue
 from workbench.cache.store import ScanReport
 from workbench.cache.tiers import Detached, RowMissing, Tier
 from workbench.cache.types import HitKind, Match, RowStats, SaveReason
 
 
-class TieredCache:
+class TieredCache(QueuedSaves):
     """Content-addressed KV prefix cache over ordered tiers; all methods are thread-safe."""
 
     def __init__(
@@ -101,12 +102,15 @@ class TieredCache:
             return [level.describe() for level in self._stack.levels]
 
     def scan(
-        self, *, verify_payload: bool = True, expected_fingerprint: bytes | None = None
+        self, *, verify_payload: bool = False, expected_fingerprint: bytes | None = None
     ) -> dict[str, ScanReport]:
         """Adopt the rows persistent tiers already hold (start-up); remove what fails to
-        verify and tmp orphans. With `expected_fingerprint` (a tier dedicated to one model),
-        rows of other models are removed too. Pins come back from the row headers (the
-        newest pinned row of each namespace)."""
+        verify and tmp orphans. Headers, tokens and sizes are checked here; payloads only
+        with `verify_payload`, since every read verifies its payload anyway (a corrupt one
+        is rejected and counted at its first read), so start-up costs the same with a full
+        tier as with an empty one. With `expected_fingerprint` (a tier dedicated to one
+        model), rows of other models are removed too. Pins come back from the row headers
+        (the newest pinned row of each namespace)."""
         with self._lock:
             levels = [level for level in self._stack.levels if level.tier.persistent]
         reports: dict[str, ScanReport] = {}
@@ -164,76 +168,10 @@ class TieredCache:
             self._counters.inc(f"saves_{reason.name.lower()}")
         return key if stored else None
 
-    def put_async(self, namespace: CacheNamespace, tokens: Tokens, payload: bytes,
-                  reason: SaveReason | str = SaveReason.FINISH, **kwargs: Any) -> bool:
-        """`put` on the bounded writer pool; False (saves_dropped += 1) if the pool is full."""
-        ns, raw = namespace.digest(), keys.token_bytes(tokens)
-        key = keys.row_key_from_bytes(ns, raw) if raw else None
-        done = threading.Event()
-        with self._lock:
-            if self._saves is None:
-                self._saves = SaveQueue(self._save_workers, self._max_pending, self._counters)
-            if key is not None and key not in self._queued:
-                self._queued[key] = (ns, raw, done)
-            else:
-                key = None  # an identical save is already queued: its entry stands
-
-        def job() -> None:
-            try:
-                self.put(namespace, tokens, payload, reason, **kwargs)
-            finally:
-                self._unqueue(key, done)
-
-        if self._saves.submit(job):
-            return True
-        self._unqueue(key, done)
-        return False
-
-    def _unqueue(self, key: str | None, done: threading.Event) -> None:
-        if key is not None:
-            with self._lock:
-                if self._queued.get(key, (None, None, None))[2] is done:
-                    del self._queued[key]
-        done.set()
-
-    def wait_for_queued(self, namespace: CacheNamespace | bytes, tokens: Tokens, key: str | None = None,
-                        timeout: float = 0.5) -> bool:
-        """Wait (at most `timeout` s) for a row that put_async queued and that would serve
-        `tokens` better than what is stored: row `key`, or a longer prefix of `tokens`.
-        True if it waited. A request that follows the one that saved (a next turn, a
-        parent_key resume) then finds the row instead of racing the writer."""
-        if not self._queued:    # the common case: nothing queued, no walk (a racy read is fine)
-            return False
-        raw = keys.token_bytes(tokens)
-        ns = _digest(namespace)
-        with self._lock:
-            stored = self._catalog.longest_prefix(ns, raw)
-            best = 0 if stored is None else stored.n_tokens * 4
-            wait_on = None
-            for k, (qns, qraw, ev) in self._queued.items():
-                if qns != ns or not raw.startswith(qraw):
-                    continue
-                if k == key and key not in self._catalog:
-                    wait_on = ev
-                    break
-                if len(qraw) > best:
-                    best, wait_on = len(qraw), ev
-        if wait_on is None:
-            return False
-        start = time.perf_counter_ns()
-        wait_on.wait(timeout)
-        self._counters.inc("queued_wait_ns", time.perf_counter_ns() - start)
-        return True
-
-    def wait_for_saves(self, timeout: float | None = None) -> bool:
-        """Wait until the writer pool has no save pending; False on timeout."""
-        with self._lock:
-            saves = self._saves
-        return True if saves is None else saves.drain(timeout)
-
-    def get(self, key: str, *, promote: bool = True) -> bytes | None:
+    def get(self, key: str, *, promote: bool = True, max_payload: int | None = None) -> bytes | None:
         """The payload of a row (verified if it comes from a file), or None. A hit in a lower
-        tier is copied up to the top tier (unless `promote` is False); the lower copy stays."""
+        tier is copied up to the top tier (unless `promote` is False); the lower copy stays.
+        A file whose payload is longer than `max_payload` is rejected before it is read."""
         start = time.perf_counter_ns()
         with self._lock:
             entry = self._catalog.get(key)
@@ -243,7 +181,7 @@ class TieredCache:
                 return None
             level = self._stack.levels[src]
         try:
-            payload = level.tier.read(key, entry.fingerprint)
+            payload = level.tier.read(key, entry.fingerprint, max_payload)
         except (RowMissing, CorruptRow) as exc:
             with self._lock:
                 self._stack.drop_copy(level, key, exc if isinstance(exc, CorruptRow) else None)
@@ -272,7 +210,7 @@ class TieredCache:
         start = time.perf_counter_ns()
         raw = keys.token_bytes(tokens)
         with self._lock:
-            match = self._catalog.longest_prefix(_digest(namespace), raw)
+            match = self._catalog.longest_prefix(keys.digest_of(namespace), raw)
             if match is not None:
                 match = Match(match.key, match.n_tokens, self._stack.top_name(match.key))
         kind = HitKind.of(0 if match is None else match.n_tokens, len(raw) // 4)
@@ -285,7 +223,7 @@ class TieredCache:
         (a resume from a known key, e.g. a previous turn's finish key: no walk, tokens
         still compared). Counts nothing."""
         raw = keys.token_bytes(tokens)
-        ns = _digest(namespace)
+        ns = keys.digest_of(namespace)
         with self._lock:
             entry = self._catalog.get(key)
             if entry is None or entry.namespace != ns:
@@ -299,7 +237,7 @@ class TieredCache:
         """Length of the longest cached prefix; a probe, so no counters move."""
         raw = keys.token_bytes(tokens)
         with self._lock:
-            match = self._catalog.longest_prefix(_digest(namespace), raw)
+            match = self._catalog.longest_prefix(keys.digest_of(namespace), raw)
         return 0 if match is None else match.n_tokens
 
     def __contains__(self, key: object) -> bool:
@@ -326,6 +264,15 @@ class TieredCache:
                     level.tier.delete(key)
             self._catalog.forget(key)
             return True
+
+    def reject(self, key: str, reason: CorruptReason) -> bool:
+        """Delete a row its consumer refused although its file verified (llama.cpp refused
+        the state: BAD_STATE) from every tier, counted as rejected_<reason>."""
+        removed = self.remove(key)
+        if removed:
+            self._counters.inc(f"rejected_{reason.value}")
+            self._counters.inc("rejected_total")
+        return removed
 
     def evict_bytes(self, n: int, tier: str | None = None) -> int:
         """Free at least `n` bytes in `tier` (default: the top tier), demoting the evicted
@@ -441,7 +388,3 @@ class TieredCache:
         if meta.pinned or meta.reason is SaveReason.AGENT_PREFIX:
             self._catalog.pin(entry)  # rows come sorted by creation time: the newest pin wins
         self._stack.update_tier(meta.key)
-
-
-def _digest(namespace: CacheNamespace | bytes) -> bytes:
-    return namespace if isinstance(namespace, bytes) else namespace.digest()

@@ -72,8 +72,9 @@ class Tier(ABC):
         """Store a row; return the bytes it occupies."""
 
     @abstractmethod
-    def read(self, key: str, expected_fingerprint: bytes | None = None) -> bytes:
-        """The payload; RowMissing if absent, CorruptRow if it fails to verify."""
+    def read(self, key: str, expected_fingerprint: bytes | None = None, max_payload: int | None = None) -> bytes:
+        """The payload; RowMissing if absent (or unreadable), CorruptRow if it fails to verify
+        or a file's payload is longer than `max_payload` or this tier's budget."""
 
     @abstractmethod
     def delete(self, key: str) -> bool:
@@ -112,9 +113,9 @@ class RamTier(Tier):
             self._data[meta.key] = bytes(payload)
         return len(payload)
 
-    def read(self, key: str, expected_fingerprint: bytes | None = None) -> bytes:
+    def read(self, key: str, expected_fingerprint: bytes | None = None, max_payload: int | None = None) -> bytes:
         try:
-            return self._data[key]
+            return self._data[key]  # already in memory: no bound to enforce
         except KeyError:
             raise RowMissing(key) from None
 
@@ -147,11 +148,13 @@ class FileTier(Tier):
     def write(self, meta: RowMeta, payload: bytes) -> int:
         return store.publish_row(self.root, meta, payload, self.checksum)
 
-    def read(self, key: str, expected_fingerprint: bytes | None = None) -> bytes:
+    def read(self, key: str, expected_fingerprint: bytes | None = None, max_payload: int | None = None) -> bytes:
+        bounds = [b for b in (max_payload, self.payload_bound()) if b is not None]
+        bound = min(bounds) if bounds else None
         try:
             row = read_row(store.row_path(self.root, key), verify=True,
-                           expected_fingerprint=expected_fingerprint)
-        except FileNotFoundError:
+                           expected_fingerprint=expected_fingerprint, max_payload=bound)
+        except OSError:  # gone, or unreadable: a miss (CorruptRow covers FIFOs and symlinks)
             raise RowMissing(key) from None
         if row.meta.key != key:
             raise CorruptRow(CorruptReason.KEY_MISMATCH, f"file {key} holds {row.meta.key}")
@@ -167,8 +170,13 @@ class FileTier(Tier):
     def scan(
         self, *, verify_payload: bool = True, expected_fingerprint: bytes | None = None
     ) -> store.ScanReport:
-        return store.scan_dir(self.root, verify_payload=verify_payload,
-                              expected_fingerprint=expected_fingerprint, tmp_ttl_s=self.tmp_ttl_s)
+        return store.scan_dir(self.root, verify_payload=verify_payload, expected_fingerprint=expected_fingerprint,
+                              tmp_ttl_s=self.tmp_ttl_s, max_payload=self.payload_bound())
+
+    def payload_bound(self) -> int | None:
+        """No row in this tier can be longer than its budget: a file that says otherwise (a
+        sparse 40 GiB file with a valid header, say) is refused before it is read."""
+        return self.budget_bytes
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "root": str(self.root)}

@@ -1,0 +1,99 @@
+"""Background saves: the bounded writer pool behind `TieredCache.put_async`, and the brief
+wait of a lookup for a queued row that would serve it (a mixin of `TieredCache`).
+
+The host provides `_lock`, `_counters`, `_catalog`, `_queued` (key -> (namespace, tokens,
+event set when the save is stored or given up)), `_saves` (the SaveQueue, created on first
+use from `_save_workers` and `_max_pending`) and `put`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from workbench.cache import keys
+from workbench.cache.catalog import Catalog
+from workbench.cache.counters import Counters
+from workbench.cache.keys import CacheNamespace, Tokens
+from workbench.cache.save_queue import SaveQueue
+from workbench.cache.types import SaveReason
+
+
+class QueuedSaves:
+    _lock: threading.RLock
+    _counters: Counters
+    _catalog: Catalog
+    _queued: dict[str, tuple[bytes, bytes, threading.Event]]
+    _saves: SaveQueue | None
+    _save_workers: int
+    _max_pending: int
+    put: Any
+
+    def put_async(self, namespace: CacheNamespace, tokens: Tokens, payload: bytes,
+                  reason: SaveReason | str = SaveReason.FINISH, **kwargs: Any) -> bool:
+        """`put` on the bounded writer pool; False (saves_dropped += 1) if the pool is full."""
+        ns, raw = namespace.digest(), keys.token_bytes(tokens)
+        key = keys.row_key_from_bytes(ns, raw) if raw else None
+        done = threading.Event()
+        with self._lock:
+            if self._saves is None:
+                self._saves = SaveQueue(self._save_workers, self._max_pending, self._counters)
+            if key is not None and key not in self._queued:
+                self._queued[key] = (ns, raw, done)
+            else:
+                key = None  # an identical save is already queued: its entry stands
+
+        def job() -> None:
+            try:
+                self.put(namespace, tokens, payload, reason, **kwargs)
+            finally:
+                self._unqueue(key, done)
+
+        if self._saves.submit(job):
+            return True
+        self._unqueue(key, done)
+        return False
+
+    def _unqueue(self, key: str | None, done: threading.Event) -> None:
+        if key is not None:
+            with self._lock:
+                if self._queued.get(key, (None, None, None))[2] is done:
+                    del self._queued[key]
+        done.set()
+
+    def wait_for_queued(self, namespace: CacheNamespace | bytes, tokens: Tokens, key: str | None = None,
+                        timeout: float = 0.5) -> bool:
+        """Wait (at most `timeout` s) for a row that put_async queued and that would serve
+        `tokens` better than what is stored: row `key`, or a longer prefix of `tokens`.
+        True if it waited. A request that follows the one that saved (a next turn, a
+        parent_key resume) then finds the row instead of racing the writer."""
+        if not self._queued:    # the common case: nothing queued, no walk (a racy read is fine)
+            return False
+        raw = keys.token_bytes(tokens)
+        ns = keys.digest_of(namespace)
+        with self._lock:
+            stored = self._catalog.longest_prefix(ns, raw)
+            best = 0 if stored is None else stored.n_tokens * 4
+            wait_on = None
+            for k, (qns, qraw, ev) in self._queued.items():
+                if qns != ns or not raw.startswith(qraw):
+                    continue
+                if k == key and key not in self._catalog:
+                    wait_on = ev
+                    break
+                if len(qraw) > best:
+                    best, wait_on = len(qraw), ev
+        if wait_on is None:
+            return False
+        start = time.perf_counter_ns()
+        wait_on.wait(timeout)
+        self._counters.inc("queued_wait_ns", time.perf_counter_ns() - start)
+        return True
+
+    def wait_for_saves(self, timeout: float | None = None) -> bool:
+        """Wait until the writer pool has no save pending; False on timeout."""
+        with self._lock:
+            saves = self._saves
+        return True if saves is None else saves.drain(timeout)
+
