@@ -9,7 +9,7 @@ import hmac
 import pytest
 
 from workbench.engine.events import Thinking, ThinkingEnd, Token
-from workbench.engine.thinking import ThinkingMarkers, ThinkingSplitter, thinking_signature
+from workbench.chat.thinking import ThinkingMarkers, ThinkingSplitter, thinking_signature
 
 THINK = ThinkingMarkers("<think>", "</think>")
 

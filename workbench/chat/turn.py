@@ -14,7 +14,7 @@ from typing import Any
 from .. import _native
 from ..engine.events import CompletionResult, Done, Error
 from ..engine.stream import Stream
-from ..engine.thinking import ThinkingMarkers, ThinkingSplitter, ThinkingStream
+from .thinking import ThinkingMarkers, ThinkingSplitter, ThinkingStream
 from ..errors import InvalidOption
 from ..options import ChatOptions, RequestOptions, build
 from .messages import split_options

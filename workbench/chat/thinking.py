@@ -33,8 +33,8 @@ import hmac
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 
-from .events import Done, Event, Thinking, ThinkingEnd, Token, TokenId
-from .stream import EventEnds, Stream
+from ..engine.events import Done, Event, Thinking, ThinkingEnd, Token, TokenId
+from ..engine.stream import EventEnds, Stream
 
 _BEFORE, _THINKING, _CUT, _AFTER = "before", "thinking", "cut", "after"
 
