@@ -4,13 +4,12 @@ Result's reprs. One real-model test: the Cancel button cancels the running reque
 from __future__ import annotations
 
 import io
-from dataclasses import dataclass
 
 import pytest
 
 import workbench as wb
-from workbench.engine.events import CompletionResult, Done, Error, Stats, Token, TokenId
-from workbench.notebook import widgets
+from workbench.engine.events import CompletionResult, Done, Error, Stats, Thinking, ThinkingEnd, Token, TokenId
+from workbench.notebook import transcript, widgets
 from workbench.notebook.results import HIT_COLOURS, Result
 from workbench.notebook.widgets import GenerationWidget, TextView
 
@@ -25,16 +24,6 @@ def stats(kind: str = "partial", **kw: object) -> Stats:
 
 def done(reply: str = "Hello world", reason: str = "stop", kind: str = "partial") -> Done:
     return Done(reply, (1, 2, 3), (9, 1, 2, 3), reason, None, stats(kind))  # type: ignore[arg-type]
-
-
-@dataclass(frozen=True)
-class Thinking:  # stands in for the engine's event (matched by class name, getattr-safe)
-    text: str
-
-
-@dataclass(frozen=True)
-class ThinkingEnd:
-    signature: str = ""
 
 
 def feed(view: object, events: list[object]) -> None:
@@ -73,7 +62,7 @@ def test_thinking_block_fills_and_collapses() -> None:
     assert w.thinking_box.layout.display is None  # shown
     assert "Let me think. Two plus two." in w.thinking.value
     assert w.thinking_box.titles == ("thinking",)
-    feed(w, [ThinkingEnd(), Token("4"), done("4")])
+    feed(w, [ThinkingEnd(""), Token("4"), done("4")])
     assert w.thinking_box.selected_index is None and "4" in w.reply.value
 
 
@@ -98,7 +87,7 @@ def test_cancelled_state_and_the_cancel_button_callback() -> None:
 def test_text_view_says_the_same_things() -> None:
     out = io.StringIO()
     v = TextView("m", out=out)
-    feed(v, [Thinking("hmm"), ThinkingEnd(), TokenId(1), Token("Hello"), Token(" world"), done()])
+    feed(v, [Thinking("hmm"), ThinkingEnd(""), TokenId(1), Token("Hello"), Token(" world"), done()])
     text = out.getvalue()
     assert text.startswith("[thinking] hmm\n[/thinking]\nHello world\n")
     assert "[partial] ttft 42 ms · 100.0 tok/s · 40 prompt (8 prefilled) + 3 generated · cache read 32 / " \
@@ -147,14 +136,14 @@ def test_cancel_button_cancels_the_request(model: str) -> None:
     first = next(s)
     w.feed(first)
     w.cancel_button.click()  # -> workbench.cancel(stream)
-    result = widgets.consume(s, w)
+    result = transcript.consume(s, w)
     assert result.finish_reason == "cancelled" and result.stats.generated_tokens < 400
     assert w.box.box_style == "warning"
 
 
 def test_display_bundle_carries_the_text_too() -> None:
     w = GenerationWidget("m", throttle_s=0.0)
-    feed(w, [Thinking("hmm"), ThinkingEnd(), Token("Hi"), done("Hi", kind="sticky")])
+    feed(w, [Thinking("hmm"), ThinkingEnd(""), Token("Hi"), done("Hi", kind="sticky")])
     assert w.as_text() == ("[thinking] hmm\nHi\n[sticky] ttft 42 ms · 100.0 tok/s · 40 prompt (8 prefilled) + "
                            "3 generated · cache read 32 / created 1 · stop")
     bundle = widgets._Shown(w)._repr_mimebundle_()
@@ -164,15 +153,13 @@ def test_display_bundle_carries_the_text_too() -> None:
 
 @pytest.mark.model
 def test_cancel_button_on_a_chat_stream(model: str) -> None:
-    if not hasattr(wb, "chat_stream"):
-        pytest.skip("no chat_stream in this build")
     s = wb.chat_stream(model, [{"role": "user", "content": "Write a long poem about the sea."}],
                        response_tokens=300, ignore_eos=True)
     w = GenerationWidget(model)
     w.bind(s)
     w.feed(next(s))
     w.cancel_button.click()  # -> workbench.cancel(ref): a ChatStream is not a Stream
-    result = widgets.consume(s, w)
+    result = transcript.consume(s, w)
     assert result.finish_reason == "cancelled" and result.stats.generated_tokens < 300
 
 
@@ -180,5 +167,5 @@ def test_thinking_opens_while_it_streams() -> None:
     w = GenerationWidget(throttle_s=0.0)
     feed(w, [Thinking("step one")])
     assert w.thinking_box.selected_index == 0
-    feed(w, [ThinkingEnd()])
+    feed(w, [ThinkingEnd("")])
     assert w.thinking_box.selected_index is None

@@ -30,7 +30,7 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 import workbench as wb
-from workbench.notebook import views, widgets
+from workbench.notebook import transcript, views, widgets
 from workbench.notebook.commands import SUBCOMMANDS, usage_errors, with_arguments
 from workbench.notebook.results import Result
 
@@ -241,7 +241,7 @@ class WorkbenchMagics(Magics):
                 except KeyboardInterrupt:
                     print("[cancelled] interrupted before the reply was complete")
                     raise
-            result = Result.of(raw) if not isinstance(raw, Result) else raw
+            result = Result.of(raw)
             finished(result)
             from IPython.display import display
 
@@ -249,21 +249,14 @@ class WorkbenchMagics(Magics):
             return
         with usage_errors():
             stream = start(opts)
-        if not hasattr(stream, "__next__"):  # a finished result (an API without streaming)
-            result = stream if isinstance(stream, Result) else Result.of(stream)
-            finished(result)
-            from IPython.display import display
-
-            display(result)
-            return
         view = widgets.make_view(model)
         if args.background:
             self.shell.user_ns[var] = None
-            widgets.consume_in_background(stream, view, finished)
+            transcript.consume_in_background(stream, view, finished)
             return
         try:
-            result = widgets.consume(stream, view)
-        except widgets.GenerationInterrupted as e:
+            result = transcript.consume(stream, view)
+        except transcript.GenerationInterrupted as e:
             finished(e.result)
             raise
         finished(result)
