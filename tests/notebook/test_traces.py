@@ -57,9 +57,17 @@ def test_token_ids_are_deterministic_and_in_range() -> None:
     assert len(ids) == t.prompt_tokens[3]
     lo, hi = t.token_range
     assert min(ids) >= lo and max(ids) < hi
-    # the same document gives the same tokens wherever it appears
-    doc = t[3].prompt[1]
-    assert t.segment_tokens(doc) == t.segment_tokens(doc)
+    # the same document gives the same tokens wherever it appears (two requests citing it)
+    def at(i: int, seg: int) -> list[int]:
+        segs = list(t[i].prompt)
+        start = sum(int(t.seg_len[s]) for s in segs[:segs.index(seg)])
+        return t.prompt_token_ids(i)[start:start + int(t.seg_len[seg])]
+
+    doc, i, j = next((d, i, j) for i in range(len(t)) for j in range(i + 1, len(t))
+                     for d in t[i].prompt[1:] if d in t[j].prompt[1:])
+    assert at(i, doc) == at(j, doc) == t.segment_tokens(doc)
+    other = next(d for d in t[i].prompt[1:] if d != doc)
+    assert t.segment_tokens(other) != t.segment_tokens(doc)
 
 
 def test_from_prompts_head_describe_merge() -> None:
