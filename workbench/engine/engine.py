@@ -69,7 +69,7 @@ class Engine(SessionOps, AdapterOps, CacheSaves, Recovery):
         self.grammars = GrammarCache(native_model)
         gpu_layers = cfg.n_gpu_layers if _native.cuda else 0
         self.kvcache = EngineCache(self.fingerprint, native_model.desc, dict(ctx_params, n_gpu_layers=gpu_layers),
-                                   self.counters) if cfg.cache else None
+                                   self.counters, native_model.n_layer * native_model.n_embd) if cfg.cache else None
         self.sessions = SessionTable()
         # LoRA: the applied set, and a requested set applied once nothing is running (every
         # request runs under one adapter set from admission to end)

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import _native
-from ..cache import CacheNamespace, DiskTier, RamTier, SaveReason, ShmTier, Tier, TieredCache, row_key
+from ..cache import (CacheNamespace, CorruptReason, DiskTier, RamTier, SaveReason, ShmTier, Tier, TieredCache,
+                     row_key)
 from ..errors import InvalidOption
 
 DEFAULT_RAM_BUDGET = 1 << 30
@@ -84,6 +85,42 @@ def make_tier(spec: Mapping[str, Any]) -> Tier:
                             "tier") from None
 
 
+# --- restoring a sequence's state ---------------------------------------------------------
+
+# Bounds of llama.cpp's sequence state (see max_state_bytes): per cell, K and V rows at most
+# twice n_embd wide per layer (GQA only narrows them; some models' head dims widen them) in
+# f32, plus the cell's position and sequence ids; per sequence, a fixed allowance for headers
+# and the recurrent state of hybrid models.
+STATE_CELL_BYTES = 64
+STATE_FIXED_BYTES = 256 << 20
+
+
+def _load_state(ctx: Any, seq: int, payload: bytes, n_tokens: int) -> bool:
+    """Hand a verified row's state to llama.cpp; True when the sequence then holds exactly the
+    positions 0 .. n_tokens - 1. The native layer refuses a malformed state (positions past
+    n_ctx, cell counts, sizes) with ValueError before llama.cpp reads it; llama.cpp itself
+    returns 0 (or fewer bytes than given) for what it refuses."""
+    try:
+        nread = ctx.state_seq_set(seq, payload)
+    except ValueError:
+        return False
+    return (nread == len(payload) and ctx.seq_pos_min(seq) == 0
+            and ctx.seq_pos_max(seq) == n_tokens - 1)
+
+
+def clear_sequence(ctx: Any, seq: int) -> bool:
+    """Empty `seq`; True when it is verified empty. seq_rm covers positions [0, INT32_MAX),
+    so a cell at INT32_MAX survives it: then, when no other sequence holds KV, the whole
+    memory is cleared instead (nothing else is lost). False: the sequence still holds KV
+    (only possible when the native check let such a state through)."""
+    ctx.seq_rm(seq, -1, -1)
+    if ctx.seq_pos_max(seq) == -1:
+        return True
+    if all(ctx.seq_pos_max(s) == -1 for s in range(ctx.n_seq_max) if s != seq):
+        ctx.memory_clear()
+    return ctx.seq_pos_max(seq) == -1
+
+
 # --- one engine's view ---------------------------------------------------------------------
 
 @dataclass(slots=True, frozen=True)
@@ -98,8 +135,9 @@ class EngineCache:
     """Restores and saves for one loaded model (its fingerprint and KV layout)."""
 
     def __init__(self, fingerprint: str, quantisation: str, ctx_params: Mapping[str, Any],
-                 counters: Any) -> None:
+                 counters: Any, kv_width: int | None = None) -> None:
         self.fingerprint = fingerprint
+        self.kv_width = kv_width  # n_layer * n_embd: bounds the size of a sequence's state
         self.quantisation = quantisation
         # the KV layout, and what computed it: another llama.cpp build (kernels, state format)
         # or backend gives other bits, so its rows would break warm == cold
@@ -142,19 +180,30 @@ class EngineCache:
             kind = "exact" if match is not None and match.n_tokens >= len(prompt) - 1 else "partial"
         if match is None:
             return None
-        payload = cache.get(match.key)
+        payload = cache.get(match.key, max_payload=self.max_state_bytes(match.n_tokens))
         if payload is None:
             return None
         ctx.seq_rm(seq, -1, -1)
         start = time.perf_counter_ns()
-        nread = ctx.state_seq_set(seq, payload)
+        loaded = _load_state(ctx, seq, payload, match.n_tokens)
         cache.record_ns("unpack_ns", time.perf_counter_ns() - start)
-        if nread != len(payload) or ctx.seq_pos_max(seq) != match.n_tokens - 1:
-            # llama.cpp refused it (e.g. more cells than this context holds): start cold
-            ctx.seq_rm(seq, -1, -1)
+        if not loaded:
+            # refused (a malformed state, more cells than this context holds): the sequence
+            # is emptied, the row leaves every tier so no later request or process meets it,
+            # and this request starts cold
+            if not clear_sequence(ctx, seq):
+                self.counters["cache_seq_not_cleared"] += 1
+            cache.reject(match.key, CorruptReason.BAD_STATE)
             self.counters["cache_restore_failed"] += 1
             return None
         return Restored(match.n_tokens, kind, match.key, match.tier)
+
+    def max_state_bytes(self, n_tokens: int) -> int | None:
+        """The most bytes llama.cpp's state of `n_tokens` cells can take in this model: a
+        row file that claims more is refused before it is read (a sparse 40 GiB file)."""
+        if self.kv_width is None:
+            return None
+        return STATE_FIXED_BYTES + n_tokens * (STATE_CELL_BYTES + 2 * 2 * 4 * self.kv_width)
 
     def key_for(self, tokens: Sequence[int], scope: str) -> str:
         return row_key(self.namespace(scope).digest(), tokens)
