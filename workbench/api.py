@@ -257,10 +257,7 @@ def load_adapter(model: str, path: str, scale: float = 1.0) -> int:
     eng = _engine(model)
     scale = _scale(scale)
     p = check_model_file(path)
-    cfg = eng.cfg
-    probe(eng.path, eng.fingerprint, flash_attn=cfg.flash_attn, type_k=cfg.type_k, type_v=cfg.type_v,
-          n_gpu_layers=cfg.n_gpu_layers if _native.cuda else 0, use_mmap=cfg.use_mmap, adapter_path=p,
-          adapter_sha256=fingerprint(p))
+    probe(eng.path, eng.fingerprint, eng.cfg, adapter_path=p, adapter_sha256=fingerprint(p))
     try:
         native = _native.Adapter(eng.model, str(p))
     except _native.NativeError as e:

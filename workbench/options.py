@@ -9,6 +9,7 @@ range (:class:`~workbench.errors.InvalidOption`) and names both. Defaults follow
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -29,34 +30,69 @@ def default_threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-# --- field checkers: each returns the normalised value or raises InvalidOption ------------
+# --- shared value rules: the one definition of each, for records and facade arguments ------
 
-def _int(lo: int | None = None, hi: int | None = None, none_ok: bool = False) -> Callable[[str, Any, str], Any]:
-    def check(key: str, v: Any, where: str) -> Any:
-        if v is None and none_ok:
-            return None
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise InvalidOption(key, v, _rng("an integer", lo, hi) + (" or None" if none_ok else ""), where)
-        if (lo is not None and v < lo) or (hi is not None and v > hi):
-            raise InvalidOption(key, v, _rng("an integer", lo, hi), where)
-        return v
-    return check
+INT32_MAX = 2**31 - 1  # llama.cpp takes counts as int32 / uint32: nothing larger reaches it
 
 
-def _float(lo: float | None = None, hi: float | None = None) -> Callable[[str, Any, str], Any]:
-    def check(key: str, v: Any, where: str) -> Any:
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise InvalidOption(key, v, _rng("a number", lo, hi), where)
-        if (lo is not None and v < lo) or (hi is not None and v > hi) or v != v:
-            raise InvalidOption(key, v, _rng("a number", lo, hi), where)
-        return float(v)
-    return check
+def check_int(key: str, v: Any, lo: int | None = None, hi: int | None = INT32_MAX, *, none_ok: bool = False,
+              where: str = "argument") -> int | None:
+    """An int (not a bool) in [lo, hi], or None when ``none_ok``; else InvalidOption."""
+    if v is None and none_ok:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or (lo is not None and v < lo) or (hi is not None and v > hi):
+        raise InvalidOption(key, v, _rng("an integer", lo, hi) + (" or None" if none_ok else ""), where)
+    return v
 
 
-def _bool(key: str, v: Any, where: str) -> Any:
+def check_number(key: str, v: Any, lo: float | None = None, hi: float | None = None, *, none_ok: bool = False,
+                 where: str = "argument", what: str = "a finite number") -> float | None:
+    """A finite int or float (not a bool, nan or inf) in [lo, hi], as a float; or None."""
+    if v is None and none_ok:
+        return None
+    expected = _rng(what, lo, hi) + (" or None" if none_ok else "")
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise InvalidOption(key, v, expected, where)
+    try:
+        f = float(v)
+    except OverflowError:
+        raise InvalidOption(key, v, expected, where) from None
+    if not math.isfinite(f) or (lo is not None and f < lo) or (hi is not None and f > hi):
+        raise InvalidOption(key, v, expected, where)
+    return f
+
+
+def check_bool(key: str, v: Any, where: str = "argument") -> bool:
     if not isinstance(v, bool):
         raise InvalidOption(key, v, "True or False", where)
     return v
+
+
+def check_scope(key: str, v: Any, where: str = "argument") -> str:
+    """A cache scope (tenant): a non-empty string."""
+    if not isinstance(v, str) or not v:
+        raise InvalidOption(key, v, "a non-empty string (a cache scope)", where)
+    return v
+
+
+def check_session_id(key: str, v: Any, where: str = "argument", none_ok: bool = False) -> str | int | None:
+    if (v is None and none_ok) or (isinstance(v, (str, int)) and not isinstance(v, bool)):
+        return v
+    raise InvalidOption(key, v, "a string or an int" + (" or None" if none_ok else ""), where)
+
+
+# --- field checkers: each returns the normalised value or raises InvalidOption ------------
+
+def _int(lo: int | None = None, hi: int | None = INT32_MAX, none_ok: bool = False) -> Callable[[str, Any, str], Any]:
+    return lambda key, v, where: check_int(key, v, lo, hi, none_ok=none_ok, where=where)
+
+
+def _float(lo: float | None = None, hi: float | None = None) -> Callable[[str, Any, str], Any]:
+    return lambda key, v, where: check_number(key, v, lo, hi, where=where)
+
+
+def _bool(key: str, v: Any, where: str) -> Any:
+    return check_bool(key, v, where)
 
 
 def _choice(*choices: str) -> Callable[[str, Any, str], Any]:
@@ -80,15 +116,11 @@ def _str(none_ok: bool = True) -> Callable[[str, Any, str], Any]:
 
 
 def _session_id(key: str, v: Any, where: str) -> Any:
-    if v is None or (isinstance(v, (str, int)) and not isinstance(v, bool)):
-        return v
-    raise InvalidOption(key, v, "a string, an int or None", where)
+    return check_session_id(key, v, where, none_ok=True)
 
 
 def _scope(key: str, v: Any, where: str) -> Any:
-    if not isinstance(v, str) or not v:
-        raise InvalidOption(key, v, "a non-empty string", where)
-    return v
+    return check_scope(key, v, where)
 
 
 def _json_schema(key: str, v: Any, where: str) -> Any:
@@ -163,7 +195,7 @@ def _reasoning_budget(key: str, v: Any, where: str) -> Any:
         raise InvalidOption(key, v, expected, where)
     tokens, end = v.get("tokens"), v.get("end")
     start, message = v.get("start", ""), v.get("message", "")
-    if (isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0 or not isinstance(end, str) or not end
+    if (isinstance(tokens, bool) or not isinstance(tokens, int) or not 0 <= tokens <= INT32_MAX or not isinstance(end, str) or not end
             or not isinstance(start, str) or not isinstance(message, str)):
         raise InvalidOption(key, v, expected, where)
     return {"tokens": tokens, "start": start, "end": end, "message": message}
@@ -270,6 +302,64 @@ class LoadConfig:
         if self.cold_max_tokens is not None and self.cold_max_tokens < self.cold_min_tokens:
             raise InvalidOption("cold_max_tokens", self.cold_max_tokens,
                                 f"None or >= cold_min_tokens ({self.cold_min_tokens})", "config")
+        _check_batch(self.n_ctx, self.n_batch, self.n_seq_max)
+        if self.embed_n_ctx is not None:
+            _check_embed(self.embed_n_ctx, self.embed_n_seq_max)
+
+    def context_params(self, n_ctx_train: int) -> dict[str, Any]:
+        """The generation context's parameters for a model trained on ``n_ctx_train`` tokens,
+        relations checked with the resolved n_ctx (InvalidOption)."""
+        params = context_params(self, n_ctx_train)
+        _check_batch(params["n_ctx"], self.n_batch, self.n_seq_max, "" if self.n_ctx else "the model's default")
+        return params
+
+    def embed_params(self, n_ctx_train: int) -> tuple[int, int]:
+        """(n_ctx, n_seq_max) of an embedding context, relation checked (InvalidOption)."""
+        n_ctx, n_seq = embed_params(self, n_ctx_train)
+        _check_embed(n_ctx, n_seq)
+        return n_ctx, n_seq
+
+
+DEFAULT_N_CTX = 8192
+DEFAULT_EMBED_N_CTX = 2048
+
+
+def context_params(cfg: Any, n_ctx_train: int) -> dict[str, Any]:
+    """What ``_native.Context`` gets for ``cfg`` (a LoadConfig, or an object with its context
+    fields: the model probe's child passes them unchecked), defaults resolved."""
+    n_threads = cfg.n_threads or default_threads()
+    return {"n_ctx": cfg.n_ctx or min(n_ctx_train or DEFAULT_N_CTX, DEFAULT_N_CTX), "n_batch": cfg.n_batch,
+            "n_ubatch": min(cfg.n_ubatch, cfg.n_batch), "n_seq_max": cfg.n_seq_max, "n_threads": n_threads,
+            "n_threads_batch": cfg.n_threads_batch or n_threads, "flash_attn": cfg.flash_attn,
+            "type_k": cfg.type_k, "type_v": cfg.type_v}
+
+
+def embed_params(cfg: Any, n_ctx_train: int) -> tuple[int, int]:
+    """(n_ctx, n_seq_max) of ``cfg``'s embedding contexts, defaults resolved."""
+    return cfg.embed_n_ctx or min(n_ctx_train or DEFAULT_EMBED_N_CTX, DEFAULT_EMBED_N_CTX), cfg.embed_n_seq_max
+
+
+def _check_batch(n_ctx: int | None, n_batch: int, n_seq_max: int, n_ctx_is: str = "") -> None:
+    """llama.cpp reserves one output row per sequence in a batch of min(n_ctx, n_batch) rows
+    (llama_context: n_batch = min(n_ctx, n_batch) for causal models, n_outputs_max = n_batch,
+    then output_reserve(n_seq_max) asserts n_seq_max <= n_outputs_max: the process aborts)."""
+    if n_seq_max > n_batch:
+        raise InvalidOption("n_batch", n_batch, f"at least n_seq_max ({n_seq_max}): llama.cpp needs a batch row "
+                            "per sequence", "config")
+    if n_ctx is not None and n_seq_max > n_ctx:
+        raise InvalidOption("n_ctx", n_ctx, f"at least n_seq_max ({n_seq_max}): llama.cpp needs a batch row "
+                            "per sequence, and a batch holds at most n_ctx rows"
+                            + (f" ({n_ctx_is})" if n_ctx_is else ""), "config")
+
+
+def _check_embed(n_ctx: int, n_seq_max: int) -> None:
+    """An embedding context is one micro-batch of n_ctx tokens over n_seq_max sequences;
+    llama.cpp's graph reserve rounds the micro-batch up to a multiple of n_seq_max while the
+    output rows stay n_ctx, and mean pooling then fails ggml_can_mul_mat (an abort)."""
+    if n_ctx % n_seq_max:
+        up = -(-n_ctx // n_seq_max) * n_seq_max
+        raise InvalidOption("embed_n_ctx", n_ctx, f"a multiple of embed_n_seq_max ({n_seq_max}), e.g. {up}: "
+                            "llama.cpp splits the embedding batch evenly across its sequences", "config")
 
 @dataclass(slots=True, frozen=True)
 class RequestOptions:

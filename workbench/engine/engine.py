@@ -26,9 +26,9 @@ from ..errors import (ContextOverflow, EngineStopped, InvalidOption, LoadError, 
                       SessionBusy, TranscriptMismatch)
 from ..models import check_model_file, fingerprint
 from ..models.probe import probe
-from ..options import LoadConfig, RequestOptions, default_threads
+from ..options import LoadConfig, RequestOptions
 from ..cache import SaveReason
-from .grammars import GrammarCache
+from .grammars import GrammarCache, grammar_dead_end
 from .prefix_cache import EngineCache
 from .request import Request, next_ref
 from .scheduler import plan_batch
@@ -38,7 +38,6 @@ from .recovery import Recovery
 from .session_ops import COMMAND_TIMEOUT_S, SessionOps
 from .sessions import SessionTable, common_prefix
 
-DEFAULT_N_CTX = 8192
 COUNTER_NAMES = ("decode_calls", "decoded_tokens", "decode_aborted", "decode_timeouts", "finished_stop",
                  "finished_length", "finished_cancelled", "hits_cold", "hits_sticky", "hits_partial",
                  "hits_exact", "sessions_reclaimed", "sessions_reset", "cache_restore_failed",
@@ -95,25 +94,16 @@ class Engine(SessionOps, AdapterOps, CacheSaves, Recovery):
         path = check_model_file(path)
         n_gpu = cfg.n_gpu_layers if _native.cuda else 0
         # in a child process first: llama.cpp aborts the process on many malformed files
-        probe(path, fingerprint(path), flash_attn=cfg.flash_attn, type_k=cfg.type_k, type_v=cfg.type_v,
-              n_gpu_layers=n_gpu, use_mmap=cfg.use_mmap)
+        probe(path, fingerprint(path), cfg)
         try:
             native_model = _native.Model(str(path), n_gpu, cfg.use_mmap, False)
         except _native.NativeError as e:
             raise LoadError(str(e)) from None
-        n_threads = cfg.n_threads or default_threads()
-        n_ctx = cfg.n_ctx or min(native_model.n_ctx_train or DEFAULT_N_CTX, DEFAULT_N_CTX)
-        ctx_params = {
-            "n_ctx": n_ctx,
-            "n_batch": cfg.n_batch,
-            "n_ubatch": min(cfg.n_ubatch, cfg.n_batch),
-            "n_seq_max": cfg.n_seq_max,
-            "n_threads": n_threads,
-            "n_threads_batch": cfg.n_threads_batch or n_threads,
-            "flash_attn": cfg.flash_attn,
-            "type_k": cfg.type_k,
-            "type_v": cfg.type_v,
-        }
+        try:
+            ctx_params = cfg.context_params(native_model.n_ctx_train)
+        except BaseException:
+            native_model.close()
+            raise
         try:
             return cls(model_id, path, cfg, native_model, ctx_params)
         except _native.NativeError as e:
@@ -439,7 +429,12 @@ class Engine(SessionOps, AdapterOps, CacheSaves, Recovery):
 
     # --- per token -----------------------------------------------------------------------
     def _sample(self, req: Request, row: int) -> None:
-        token = req.sampler.sample(self.ctx, row)
+        try:
+            token = req.sampler.sample(self.ctx, row)
+        except ValueError as e:  # the grammar left no token to sample (csrc/sampler.cpp)
+            self._retire(req, keep_kv=False)
+            req.fail(grammar_dead_end(req.opts.grammar, req.opts.json_schema, e))
+            return
         now = time.perf_counter()
         if req.first_token_at is None:
             req.first_token_at = now
