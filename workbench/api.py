@@ -21,7 +21,8 @@ from .errors import (AlreadyLoaded, EmptyPrompt, InvalidOption, ModelFileError, 
                      UnknownRequest)
 from .models import fetch_default_model
 from .cache import SaveReason
-from .options import LoadConfig, RequestOptions, build, option_names
+from .options import (LoadConfig, RequestOptions, build, check_bool, check_int, check_number, check_scope,
+                      check_session_id, option_names)
 from . import chat as _chat
 from . import embed as _embed
 from .chat import ChatResult, ChatStream, RenderedChat
@@ -173,8 +174,8 @@ def continue_session(model: str, session_id: str | int, tokens: Sequence[int], *
     TranscriptMismatch and leaves the session intact.
     """
     eng = _engine(model)
-    if isinstance(session_id, bool) or not isinstance(session_id, (str, int)):
-        raise InvalidOption("session_id", session_id, "a string or an int")
+    check_session_id("session_id", session_id)
+    check_bool("stream", stream)
     ropts = build(RequestOptions, opts, session_id=session_id)
     new = _token_list(eng, tokens, "tokens")
     if not new:
@@ -184,22 +185,35 @@ def continue_session(model: str, session_id: str | int, tokens: Sequence[int], *
     return s if stream else _collect(s)
 
 
-def end_session(model: str, session_id: str | int) -> None:
-    """Release a session's sequence. NoSession if unknown, SessionBusy while a request runs."""
-    _engine(model).end_session(session_id)
+def end_session(model: str, session_id: str | int, cache_scope: str = "default") -> None:
+    """Release a session's sequence. NoSession if this scope holds no such session,
+    SessionBusy while a request runs on it."""
+    eng = _engine(model)
+    eng.end_session(*_session_key(session_id, cache_scope))
 
 
-def reset_session(model: str, session_id: str | int) -> str:
+def reset_session(model: str, session_id: str | int, cache_scope: str = "default") -> str:
     """Forcibly drop a session; its in-flight request ends with Error(SessionReset).
 
-    Returns 'recovered' or 'not_found'; reachable while the loop is busy (a running decode
-    is interrupted), TimeoutError if the loop does not answer within 5 s.
+    Returns 'recovered' or 'not_found' (also for a session of another scope); reachable
+    while the loop is busy (a running decode is interrupted), TimeoutError if the loop does
+    not answer within 5 s.
     """
-    return _engine(model).reset_session(session_id)
+    eng = _engine(model)
+    return eng.reset_session(*_session_key(session_id, cache_scope))
 
 
-def sessions(model: str) -> list[dict[str, Any]]:
-    return _engine(model).session_info()
+def sessions(model: str, cache_scope: str | None = None) -> list[dict[str, Any]]:
+    """The model's sessions (every scope), or those of ``cache_scope``."""
+    eng = _engine(model)
+    if cache_scope is not None:
+        check_scope("cache_scope", cache_scope)
+    return eng.session_info(cache_scope)
+
+
+def _session_key(session_id: Any, cache_scope: Any) -> tuple[str | int, str]:
+    """A session is named by its id and its cache scope together."""
+    return check_session_id("session_id", session_id), check_scope("cache_scope", cache_scope)
 
 
 def prefill_only(model: str, prompt: str | Sequence[int], **opts: Any) -> CompletionResult:

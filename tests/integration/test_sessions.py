@@ -88,3 +88,70 @@ def test_idle_pins_are_reclaimed_least_recently_used(fresh_model):
     assert wb.complete(m, turn, session_id="b", response_tokens=4).stats.cache_hit_kind == "sticky"
     back = wb.complete(m, turn, session_id="a", response_tokens=4)
     assert back.stats.cache_hit_kind != "sticky"    # no live KV (the prefix cache may serve it)
+
+
+# --- a session belongs to its cache scope (tenant) -------------------------------------------
+
+A, B = {"cache_scope": "tenant-a"}, {"cache_scope": "tenant-b"}
+
+
+@pytest.mark.load(n_seq_max=3)
+def test_same_session_id_in_another_scope_is_another_session(fresh_model):
+    """Tenant B guessing tenant A's session id gets a cold session of its own: no live KV of
+    A's, a full prefill (prefilled_tokens tells it nothing about A's transcript)."""
+    m = fresh_model
+    ra = wb.complete(m, TURN1, session_id="chat", **A)
+    turn2 = next_turn(TURN1, ra.reply, "And of Germany?")       # B's guess of A's transcript
+    rb = wb.complete(m, turn2, session_id="chat", **B)
+    assert rb.stats.cache_hit_kind == "cold"
+    assert rb.stats.prefilled_tokens == rb.stats.prompt_tokens
+    assert rb.tokens == wb.complete(m, turn2, cache=False).tokens      # what a cold run computes (3rd seq)
+    both = sorted((s["cache_scope"], s["session_id"]) for s in wb.sessions(m))
+    assert both == [("tenant-a", "chat"), ("tenant-b", "chat")]
+    assert [s["cache_scope"] for s in wb.sessions(m, cache_scope="tenant-b")] == ["tenant-b"]
+    # A's session was not touched by B's turn: its live KV still serves A
+    ra2 = wb.complete(m, turn2, session_id="chat", **A)
+    assert ra2.stats.cache_hit_kind == "sticky" and ra2.stats.prefilled_tokens < ra2.stats.prompt_tokens / 2
+    assert ra2.tokens == rb.tokens
+
+
+@pytest.mark.load(n_seq_max=2)
+def test_another_scope_cannot_end_reset_or_continue_a_session(fresh_model):
+    m = fresh_model
+    ra = wb.complete(m, TURN1, session_id=7, **A)
+    with pytest.raises(NoSession):
+        wb.end_session(m, 7, **B)
+    with pytest.raises(NoSession):
+        wb.end_session(m, 7)                                  # the default scope is another scope too
+    assert wb.reset_session(m, 7, **B) == "not_found"
+    tail = wb.tokenize(m, "<|im_end|>\n<|im_start|>user\nWhy?<|im_end|>\n", add_special=False)
+    with pytest.raises(NoSession):                            # not TranscriptMismatch: that would leak its length
+        wb.continue_session(m, 7, tail, expect_committed=[1, 2, 3], **B)
+    assert wb.sessions(m, **B) == []
+    (sa,) = wb.sessions(m, **A)
+    assert sa["seq"] is not None and sa["tokens"] == len(ra.context_tokens)
+    r = wb.continue_session(m, 7, tail, expect_committed=list(ra.context_tokens), **A)
+    assert r.stats.cache_hit_kind == "sticky" and r.stats.prefilled_tokens == len(tail)
+    wb.end_session(m, 7, **A)
+    assert wb.sessions(m) == []
+
+
+@pytest.mark.load(n_seq_max=2)
+def test_session_busy_never_hands_another_scope_the_ref(fresh_model):
+    m = fresh_model
+    sa = wb.stream(m, TURN1, session_id="s", response_tokens=400, ignore_eos=True, **A)
+    next(iter(sa))
+    # B's "s" is its own session: it runs on the other sequence, not SessionBusy with A's ref
+    sb = wb.stream(m, TURN1, session_id="s", response_tokens=400, ignore_eos=True, **B)
+    next(iter(sb))
+    with pytest.raises(SessionBusy) as e:
+        wb.complete(m, TURN1, session_id="s", **B)
+    assert e.value.ref == sb.ref != sa.ref
+    with pytest.raises(SessionBusy) as e:
+        wb.end_session(m, "s", **B)
+    assert e.value.ref == sb.ref
+    assert wb.reset_session(m, "s", **B) == "recovered"       # B's own session only
+    assert isinstance(list(sb)[-1], wb.Error)
+    busy = {s["cache_scope"]: s["busy_ref"] for s in wb.sessions(m)}
+    assert busy == {"tenant-a": sa.ref}                       # A's request runs on
+    sa.close()

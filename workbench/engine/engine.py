@@ -120,7 +120,7 @@ class Engine(SessionOps, AdapterOps, CacheSaves, Recovery):
             if self._stopping:
                 raise EngineStopped(f"model {self.model_id!r} is being unloaded")
             sid = opts.session_id
-            sess = self.sessions.get(sid) if sid is not None else None
+            sess = self.sessions.get(sid, opts.cache_scope) if sid is not None else None
             if sess is not None and sess.busy_ref is not None:
                 raise SessionBusy(sid, sess.busy_ref)
             if continue_session:
@@ -147,7 +147,7 @@ class Engine(SessionOps, AdapterOps, CacheSaves, Recovery):
             req.special = self._special_ids(opts.render_special)
             req.sync_saves = sync_saves
             if sid is not None:
-                req.session = self.sessions.get_or_create(sid)
+                req.session = self.sessions.get_or_create(sid, opts.cache_scope)
                 req.session.busy_ref = req.ref
             self.pending.append(req)
             self.requests[req.ref] = req
@@ -472,13 +472,12 @@ class Engine(SessionOps, AdapterOps, CacheSaves, Recovery):
         with self._cv:
             self.requests.pop(req.ref, None)
             sess = req.session
-            owned = sess is not None and self.sessions.get(sess.session_id) is sess and sess.busy_ref == req.ref
+            owned = sess is not None and self.sessions.holds(sess) and sess.busy_ref == req.ref
             if owned:
                 sess.busy_ref = None
                 sess.last_used = time.monotonic()
                 if keep_kv and req.seq is not None:
                     sess.tokens = (req.prompt + req.generated)[: req.n_past]
-                    sess.scope = req.opts.cache_scope
                     req.seq = None  # stays pinned to the session
                     return
                 if req.seq is None:

@@ -17,12 +17,12 @@ COMMAND_TIMEOUT_S = 5.0
 
 
 class SessionOps:
-    def end_session(self, session_id: Hashable) -> None:
-        self._call(lambda: self._end_session(session_id))
+    def end_session(self, session_id: Hashable, scope: str) -> None:
+        self._call(lambda: self._end_session(session_id, scope))
 
-    def reset_session(self, session_id: Hashable) -> str:
+    def reset_session(self, session_id: Hashable, scope: str) -> str:
         """Force-drop a session (its in-flight request ends with SessionReset)."""
-        return self._call(lambda: self._reset_session(session_id), interrupt=True)
+        return self._call(lambda: self._reset_session(session_id, scope), interrupt=True)
 
     def evict(self, reason: SaveReason = SaveReason.EVICT) -> int:
         """Save every idle session's live KV to the prefix cache and release its sequence
@@ -31,23 +31,24 @@ class SessionOps:
         return self._call(lambda: self._evict_sessions(reason), interrupt=False,
                           timeout=self.cfg.evict_save_timeout_ms / 1000 + COMMAND_TIMEOUT_S)
 
-    def session_info(self) -> list[dict[str, Any]]:
+    def session_info(self, scope: str | None = None) -> list[dict[str, Any]]:
+        """Every session, or those of one cache scope."""
         with self._cv:
-            return [s.info() for s in self.sessions]
+            return [s.info() for s in self.sessions if scope is None or s.scope == scope]
 
     # --- sessions (run on the loop thread through _call) ------------------------------------
-    def _end_session(self, session_id: Hashable) -> None:
-        sess = self.sessions.get(session_id)
+    def _end_session(self, session_id: Hashable, scope: str) -> None:
+        sess = self.sessions.get(session_id, scope)
         if sess is None:
             raise NoSession(session_id)
         if sess.busy_ref is not None:
             raise SessionBusy(session_id, sess.busy_ref)
-        self.sessions.drop(session_id)
+        self.sessions.drop(session_id, scope)
         self._session_row(sess, None)
         self._free_session_seq(sess)
 
-    def _reset_session(self, session_id: Hashable) -> str:
-        sess = self.sessions.drop(session_id)
+    def _reset_session(self, session_id: Hashable, scope: str) -> str:
+        sess = self.sessions.drop(session_id, scope)
         if sess is None:
             return "not_found"
         req = self.requests.get(sess.busy_ref) if sess.busy_ref is not None else None

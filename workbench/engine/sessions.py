@@ -4,6 +4,10 @@ The loop thread owns the table; other threads read it only under the engine's lo
 A session remembers the tokens committed to its sequence's KV (``tokens``) even when its
 sequence has been reclaimed for someone else (``seq is None``), so ``continue_session``
 and ``expect_committed`` keep working after a reclaim (the next turn then re-prefills).
+
+A session is named by its cache scope (tenant) and its id together: a request, end or reset
+under another scope never finds, reuses, ends or resets it (the same id there names a
+session of that scope's own).
 """
 
 from __future__ import annotations
@@ -16,33 +20,39 @@ from dataclasses import dataclass, field
 @dataclass(eq=False)
 class Session:
     session_id: Hashable
+    scope: str = "default"           # its cache scope: part of its identity, and of its rows
     seq: int | None = None
     tokens: list[int] = field(default_factory=list)
     busy_ref: int | None = None
     last_used: float = field(default_factory=time.monotonic)
-    scope: str = "default"           # cache scope of its last request (for evict saves)
     live_key: str | None = None      # its newest cache row, marked live while the session exists
 
     def info(self) -> dict[str, object]:
-        return {"session_id": self.session_id, "seq": self.seq, "tokens": len(self.tokens),
+        return {"session_id": self.session_id, "cache_scope": self.scope, "seq": self.seq, "tokens": len(self.tokens),
                 "busy_ref": self.busy_ref, "idle_s": time.monotonic() - self.last_used}
 
 
 class SessionTable:
+    """Sessions by (cache scope, session id)."""
+
     def __init__(self) -> None:
-        self._by_id: dict[Hashable, Session] = {}
+        self._by_id: dict[tuple[str, Hashable], Session] = {}
 
-    def get(self, session_id: Hashable) -> Session | None:
-        return self._by_id.get(session_id)
+    def get(self, session_id: Hashable, scope: str) -> Session | None:
+        return self._by_id.get((scope, session_id))
 
-    def get_or_create(self, session_id: Hashable) -> Session:
-        sess = self._by_id.get(session_id)
+    def get_or_create(self, session_id: Hashable, scope: str) -> Session:
+        sess = self._by_id.get((scope, session_id))
         if sess is None:
-            sess = self._by_id[session_id] = Session(session_id)
+            sess = self._by_id[(scope, session_id)] = Session(session_id, scope)
         return sess
 
-    def drop(self, session_id: Hashable) -> Session | None:
-        return self._by_id.pop(session_id, None)
+    def drop(self, session_id: Hashable, scope: str) -> Session | None:
+        return self._by_id.pop((scope, session_id), None)
+
+    def holds(self, sess: Session) -> bool:
+        """Is this very session still in the table (not ended or reset)?"""
+        return self._by_id.get((sess.scope, sess.session_id)) is sess
 
     def __iter__(self):
         return iter(list(self._by_id.values()))
