@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from .errors import InvalidOption
+from .options import check_bool, check_number
 
 
 @dataclass(slots=True, frozen=True)
@@ -76,9 +77,19 @@ class CallbackSource:
     def __init__(self, fn: Callable[[], tuple[int, int] | None], name: str = "callback") -> None:
         self.fn, self.name = fn, name
 
-    def read(self) -> Reading | None:
-        got = self.fn()
-        return None if got is None else Reading(int(got[0]), int(got[1]))
+    def read(self) -> Any:
+        return self.fn()
+
+
+def as_reading(got: Any) -> Reading | None:
+    """What a source returned, as a Reading: a Reading, a (used_bytes, total_bytes) pair of
+    non-negative ints, or None (nothing to report). Anything else raises TypeError."""
+    if got is None or isinstance(got, Reading):
+        return got
+    if isinstance(got, (tuple, list)) and len(got) == 2 and all(
+            isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in got):
+        return Reading(int(got[0]), int(got[1]))
+    raise TypeError(f"a source must return a Reading, (used_bytes, total_bytes) or None; got {got!r}")
 
 
 def default_evictor() -> str | None:
@@ -95,7 +106,13 @@ def default_evictor() -> str | None:
     return victim.model_id
 
 
+STOP_TIMEOUT_S = 2.0
+
+
 class PressureMonitor:
+    """The poller thread. A failing source or evictor is recorded (``errors``,
+    ``last_error``) and the poller goes on; stop() never waits long for a slow source."""
+
     def __init__(self, sources: list[Any], interval_s: float, high: float, target: float,
                  unload_models: bool, evictor: Callable[[], str | None] | None) -> None:
         self.sources = sources
@@ -103,22 +120,48 @@ class PressureMonitor:
         self.unload_models = unload_models
         self.evictor = evictor or default_evictor
         self.last: dict[str, Reading | None] = {}
-        self.stats = {"polls": 0, "pressure_events": 0, "cache_bytes_evicted": 0, "models_unloaded": 0}
+        self.stats = {"polls": 0, "pressure_events": 0, "cache_bytes_evicted": 0, "models_unloaded": 0,
+                      "errors": 0}
         self.last_model_unloaded: str | None = None
+        self.last_error: str | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="workbench-pressure", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = STOP_TIMEOUT_S) -> bool:
+        """Ask the poller to end; wait at most ``timeout`` s (not at all from the poller's own
+        thread, e.g. an evictor). True if it has ended; a poller stuck in a source ends
+        when the source returns, without acting on what it read."""
         self._stop.set()
-        self._thread.join()
+        if threading.current_thread() is self._thread:
+            return False
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive() and not self._stop.is_set()
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.poll()
+            try:
+                self.poll()
+            except Exception as e:  # noqa: BLE001 - recorded; the poller must outlive its callbacks
+                self._record("poll", e)
             self._stop.wait(self.interval_s)
+
+    def _record(self, where: str, e: BaseException) -> None:
+        self.stats["errors"] += 1
+        self.last_error = f"{where}: {type(e).__name__}: {e}"[:500]
+
+    def _read(self, src: Any) -> Reading | None:
+        try:
+            return as_reading(src.read())
+        except Exception as e:  # noqa: BLE001 - a broken source must not kill the poller
+            self._record(f"source {getattr(src, 'name', '?')!r}", e)
+            return None
 
     def poll(self) -> None:
         """One look at every source; act on the worst one over ``high``."""
@@ -127,28 +170,35 @@ class PressureMonitor:
         self.stats["polls"] += 1
         worst: Reading | None = None
         for src in self.sources:
-            try:
-                r = src.read()
-            except Exception:  # a broken source must not kill the poller
-                r = None
+            r = self._read(src)
             self.last[src.name] = r
             if r is not None and r.fraction > self.high and (worst is None or r.fraction > worst.fraction):
                 worst = r
-        if worst is None:
+        if worst is None or self._stop.is_set():   # stopped while a source was slow: act on nothing
             return
         self.stats["pressure_events"] += 1
         need = int(worst.used_bytes - self.target * worst.total_bytes)
         freed = prefix_cache.shared_cache().evict_bytes(need) if need > 0 else 0
         self.stats["cache_bytes_evicted"] += freed
         if freed < need and self.unload_models:
+            self._unload_one()
+
+    def _unload_one(self) -> None:
+        try:
             victim = self.evictor()
-            if victim is not None:
-                self.stats["models_unloaded"] += 1
-                self.last_model_unloaded = victim
+        except Exception as e:  # noqa: BLE001 - recorded, shown by pressure()
+            self._record("evictor", e)
+            return
+        if victim is not None:
+            self.stats["models_unloaded"] += 1
+            self.last_model_unloaded = str(victim)
 
 
 _monitor: PressureMonitor | None = None
 _SOURCES = {"system": SystemMemory, "gpu": GpuMemory}
+
+
+_lock = threading.Lock()
 
 
 def start_pressure_monitor(sources: list[Any] | None = None, interval_s: float = 5.0, high: float = 0.9,
@@ -157,48 +207,65 @@ def start_pressure_monitor(sources: list[Any] | None = None, interval_s: float =
     """Start (or restart) the poller. ``sources``: names ('system', 'gpu'), source objects,
     or callables returning (used_bytes, total_bytes); default: system, plus gpu if present."""
     global _monitor
-    if not 0 < target <= high <= 1:
+    high = check_number("high", high, 0.0, 1.0)
+    target = check_number("target", target, 0.0, 1.0)
+    if not 0 < target <= high:
         raise InvalidOption("high/target", (high, target), "0 < target <= high <= 1")
-    if isinstance(interval_s, bool) or not isinstance(interval_s, (int, float)) or interval_s <= 0:
-        raise InvalidOption("interval_s", interval_s, "a positive number of seconds")
+    interval = check_number("interval_s", interval_s, 0.001, 86400.0, what="a number of seconds")
+    check_bool("unload_models", unload_models)
+    if evictor is not None and not callable(evictor):
+        raise InvalidOption("evictor", evictor, "a callable returning the unloaded model's id (or None), or None")
+    built = _sources(sources)
+    stop_pressure_monitor()
+    monitor = PressureMonitor(built, interval, high, target, unload_models, evictor)
+    with _lock:
+        _monitor = monitor
+    monitor.start()
+
+
+def _sources(sources: Any) -> list[Any]:
+    if sources is not None and (isinstance(sources, (str, bytes)) or not isinstance(sources, (list, tuple))):
+        raise InvalidOption("sources", sources, "a list of sources")
     built = []
     for s in sources if sources is not None else ["system"] + (["gpu"] if shutil.which("nvidia-smi") else []):
-        if isinstance(s, str):
-            if s not in _SOURCES:
-                raise InvalidOption("sources", s, "'system', 'gpu', a source object or a callable")
+        if isinstance(s, str) and s in _SOURCES:
             built.append(_SOURCES[s]())
-        elif hasattr(s, "read") and hasattr(s, "name"):
+        elif not isinstance(s, str) and hasattr(s, "read") and hasattr(s, "name"):
             built.append(s)
-        elif callable(s):
+        elif not isinstance(s, str) and callable(s):
             built.append(CallbackSource(s))
         else:
             raise InvalidOption("sources", s, "'system', 'gpu', a source object or a callable")
-    stop_pressure_monitor()
-    _monitor = PressureMonitor(built, float(interval_s), high, target, unload_models, evictor)
-    _monitor.start()
+    return built
 
 
-def stop_pressure_monitor() -> None:
+def stop_pressure_monitor(timeout_s: float = STOP_TIMEOUT_S) -> bool:
+    """Stop the poller; waits at most ``timeout_s`` for it to end (a poll in progress, a slow
+    source) and returns whether it has. Safe to call from an evictor or a source."""
     global _monitor
-    if _monitor is not None:
-        _monitor.stop()
-        _monitor = None
+    timeout = check_number("timeout_s", timeout_s, 0.0, 3600.0, what="a number of seconds")
+    with _lock:
+        m, _monitor = _monitor, None
+    return True if m is None else m.stop(timeout)
 
 
 def pressure() -> dict[str, Any]:
-    """What the poller sees now: per source used/total/fraction, thresholds and its stats."""
+    """What the poller sees now: per source used/total/fraction, thresholds, its stats and
+    errors (a failing source or evictor: ``errors`` counts them, ``last_error`` says the
+    latest)."""
     m = _monitor
     if m is None:
         return {"running": False}
     return {
-        "running": True, "high": m.high, "target": m.target, "unload_models": m.unload_models,
+        "running": m.running, "high": m.high, "target": m.target, "unload_models": m.unload_models,
         "sources": {name: None if r is None else {"used_bytes": r.used_bytes, "total_bytes": r.total_bytes,
                                                   "fraction": r.fraction}
-                    for name, r in m.last.items()},
-        **m.stats, "last_model_unloaded": m.last_model_unloaded,
+                    for name, r in list(m.last.items())},
+        **m.stats, "last_model_unloaded": m.last_model_unloaded, "last_error": m.last_error,
     }
 
 
 def pressure_sources() -> list[str]:
     """Names of the sources the running poller reads (empty when it is off)."""
-    return [s.name for s in _monitor.sources] if _monitor is not None else []
+    m = _monitor
+    return [s.name for s in m.sources] if m is not None else []

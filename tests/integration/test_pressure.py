@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -73,3 +74,90 @@ def test_bad_monitor_settings():
         assert 0 < wb.pressure()["sources"]["system"]["fraction"] < 1
     finally:
         wb.stop_pressure_monitor()
+
+
+# --- a poller that outlives its callbacks, and a bounded stop ---------------------------------
+
+def test_a_raising_evictor_is_recorded_and_the_poller_goes_on(model, monitor):
+    calls = []
+
+    def evictor():
+        calls.append(time.monotonic())
+        raise RuntimeError("no model to unload here")
+
+    monitor(sources=[lambda: (99, 100)], interval_s=0.02, unload_models=True, evictor=evictor)
+    assert wait_for(lambda: len(calls) >= 3)            # polled again after each failure
+    seen = wb.pressure()
+    assert seen["running"] is True and seen["errors"] >= 3 and seen["models_unloaded"] == 0
+    assert seen["last_error"].startswith("evictor: RuntimeError: no model to unload here")
+
+
+def test_a_source_returning_garbage_is_recorded_and_the_others_still_count(monitor):
+    class Tuple:
+        name = "tuple"
+
+        def read(self):
+            return (50, 100)                    # a pair instead of a Reading: accepted
+
+    class Garbage:
+        name = "garbage"
+
+        def read(self):
+            return "full"
+
+    monitor(sources=[Tuple(), Garbage(), lambda: (float("nan"), 100)], interval_s=0.02)
+    assert wait_for(lambda: wb.pressure().get("polls", 0) >= 3)
+    seen = wb.pressure()
+    assert seen["running"] is True
+    assert seen["sources"]["tuple"] == {"used_bytes": 50, "total_bytes": 100, "fraction": 0.5}
+    assert seen["sources"]["garbage"] is None and seen["sources"]["callback"] is None
+    assert seen["errors"] >= 2 * 3 and "source " in seen["last_error"] and "TypeError" in seen["last_error"]
+
+
+def test_stop_from_inside_the_evictor_does_not_deadlock(monitor):
+    done = []
+
+    def evictor():
+        done.append(wb.stop_pressure_monitor())          # from the poller's own thread
+        return None
+
+    monitor(sources=[lambda: (99, 100)], interval_s=0.02, unload_models=True, evictor=evictor)
+    assert wait_for(lambda: done, timeout=5)
+    assert wb.pressure() == {"running": False}
+    time.sleep(0.2)
+    assert len(done) == 1                                 # it stopped after that poll
+    monitor(sources=[lambda: (10, 100)], interval_s=0.02)   # and a new one starts
+    assert wait_for(lambda: wb.pressure().get("polls", 0) >= 2)
+
+
+def test_stop_is_bounded_with_a_source_stuck_in_read(model, monitor):
+    wb.prefill_only(model, "A row the stopped poller must leave alone. " * 20)
+    wb.wait_for_saves()
+    used = wb.list_tiers()[0]["used_bytes"]
+    release, entered = threading.Event(), threading.Event()
+
+    def stuck():
+        entered.set()
+        release.wait(60)
+        return (99, 100)                                   # pressure, but it comes too late
+
+    monitor(sources=[stuck], interval_s=0.02, target=0.01)
+    assert entered.wait(5)
+    t0 = time.monotonic()
+    assert wb.stop_pressure_monitor(timeout_s=0.3) is False      # still inside the source
+    assert time.monotonic() - t0 < 1.0
+    assert wb.pressure() == {"running": False}
+    release.set()
+    time.sleep(0.3)
+    assert wb.list_tiers()[0]["used_bytes"] == used                # a stopped poller evicts nothing
+
+
+def test_stop_settings_are_validated():
+    for bad in (float("nan"), -1, True, "1"):
+        with pytest.raises(InvalidOption, match="timeout_s"):
+            wb.stop_pressure_monitor(timeout_s=bad)
+    for kw in ({"high": float("nan")}, {"interval_s": float("inf")}, {"interval_s": True},
+               {"unload_models": 1}, {"evictor": "oldest"}, {"sources": "system"}):
+        with pytest.raises(InvalidOption):
+            wb.start_pressure_monitor(**kw)
+    assert wb.pressure() == {"running": False}
