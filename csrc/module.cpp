@@ -2,6 +2,9 @@
 // this one initialises the backend once and registers the error type.
 #include "native.h"
 
+#include <algorithm>
+#include <cstdio>
+
 namespace wb {
 void install_log_callback();
 }
@@ -38,3 +41,35 @@ PYBIND11_MODULE(_native, m) {
     wb::bind_chat(m);
     wb::bind_embed(m);
 }
+
+namespace wb {
+
+// The first code point of `text` with no UTF-8 form, reported as workbench's InvalidOption
+// (a ValueError) with an excerpt around it; a plain ValueError if workbench.errors is absent.
+void raise_not_utf8(py::handle text) {
+    const Py_ssize_t n = PyUnicode_GetLength(text.ptr());
+    Py_ssize_t at = 0;
+    Py_UCS4 cp = 0;
+    for (; at < n; ++at) {
+        cp = PyUnicode_ReadChar(text.ptr(), at);
+        if (cp >= 0xD800 && cp <= 0xDFFF) break;
+    }
+    char code[16];
+    std::snprintf(code, sizeof(code), "U+%04X", (unsigned)cp);
+    const std::string expected = std::string("text with a UTF-8 form (") + code + " at index " + std::to_string(at) +
+                                 " is a lone surrogate)";
+    py::object value = py::reinterpret_borrow<py::object>(text);
+    if (n > 64) {
+        const Py_ssize_t from = std::max<Py_ssize_t>(0, at - 24);
+        value = value[py::slice(from, std::min<Py_ssize_t>(n, at + 24), 1)];
+    }
+    try {
+        py::object err = py::module_::import("workbench.errors").attr("InvalidOption")("text", value, expected);
+        PyErr_SetObject(err.get_type().ptr(), err.ptr());
+    } catch (const py::error_already_set &) {
+        PyErr_SetString(PyExc_ValueError, ("text: " + expected).c_str());
+    }
+    throw py::error_already_set();
+}
+
+}  // namespace wb

@@ -15,6 +15,23 @@
 
 namespace py = pybind11;
 
+// Every Python str that crosses into a std::string goes through this caster: text that has
+// no UTF-8 form (a lone surrogate such as "\ud800") raises workbench's InvalidOption naming
+// the text and the code point, instead of pybind's "incompatible function arguments" TypeError.
+namespace wb {
+[[noreturn]] void raise_not_utf8(py::handle text);
+}
+namespace pybind11::detail {
+template <>
+struct type_caster<std::string> : string_caster<std::string> {
+    bool load(handle src, bool convert) {
+        if (string_caster<std::string>::load(src, convert)) return true;
+        if (src && PyUnicode_Check(src.ptr())) wb::raise_not_utf8(src);
+        return false;
+    }
+};
+}  // namespace pybind11::detail
+
 namespace wb {
 
 // Raised for failures inside llama.cpp that are not the caller's bad input.
@@ -37,6 +54,10 @@ constexpr size_t MAX_GRAMMAR_RULES = 20000;
 // anywhere count (a conservative bound, not a parse). json_strings: the text is valid JSON
 // and brackets inside its strings do not count.
 size_t nesting_depth(const std::string & text, const char * pairs, bool json_strings = false);
+
+// How many tokens of the vocabulary a grammar sampler leaves a finite logit (0: none can
+// come next). `cur` is scratch space for the candidate array.
+size_t viable_tokens(llama_sampler * grammar, const llama_vocab * vocab, std::vector<llama_token_data> & cur);
 
 // Owns a llama_model. Read-only after load, so tokenize/detokenize are safe from any thread.
 class Model {

@@ -56,6 +56,7 @@ public:
             has_budget_ = true;
         }
         if (grammar_s != nullptr) llama_sampler_chain_add(chain_, grammar_s);
+        grammar_ = grammar_s;
         if (ignore_eos_) {
             // as llama-server's ignore_eos: end-of-generation tokens get -inf logits
             std::vector<llama_logit_bias> bias;
@@ -88,6 +89,7 @@ public:
             llama_sampler_free(chain_);
             chain_ = nullptr;
             budget_ = nullptr;
+            grammar_ = nullptr;
         }
     }
 
@@ -96,19 +98,26 @@ public:
         llama_context * c = ctx.get();
         if (idx < 0 || (uint32_t)idx >= ctx.n_batch) throw py::value_error("sample: output index out of range");
         if (fast_greedy_) return argmax(c, idx);
-        llama_token t;
+        const float * logits = llama_get_logits_ith(c, idx);
+        if (logits == nullptr) throw py::value_error("sample: no logits at output row " + std::to_string(idx));
+        llama_token t = LLAMA_TOKEN_NULL;
         bool threw = false;
         std::string what;
         {
             py::gil_scoped_release release;
             try {
-                t = llama_sampler_sample(chain_, c, idx);
+                t = sample_row(logits);
             } catch (const std::exception & e) {
                 threw = true;
                 what = e.what();
             }
         }
         if (threw) throw NativeError(std::string("sampling failed: ") + what);
+        if (t == LLAMA_TOKEN_NULL) {
+            throw py::value_error("option grammar: no token can continue the text the grammar has matched so far "
+                                  "(every candidate was ruled out: a grammar no token can satisfy, or one that "
+                                  "only allows an end-of-generation token under ignore_eos)");
+        }
         return t;
     }
 
@@ -138,6 +147,35 @@ public:
     std::shared_ptr<Model> model;
 
 private:
+    // llama_sampler_sample's CPU path, with one check before the chain accepts the token:
+    // when every candidate was ruled out (each logit -inf), llama.cpp's samplers still pick
+    // one, and the grammar then aborts the process accepting it. Returns LLAMA_TOKEN_NULL
+    // instead, accepting nothing.
+    llama_token sample_row(const float * logits) {
+        const int n_vocab = llama_vocab_n_tokens(model->vocab());
+        cur_.resize(n_vocab);
+        for (llama_token t = 0; t < n_vocab; ++t) cur_[t] = llama_token_data{t, logits[t], 0.0f};
+        llama_token_data_array arr{cur_.data(), cur_.size(), -1, false};
+        llama_sampler_apply(chain_, &arr);
+        if (arr.selected < 0 || (size_t)arr.selected >= arr.size || !std::isfinite(arr.data[arr.selected].logit)) {
+            return grammar_complete() ? llama_vocab_eos(model->vocab()) : LLAMA_TOKEN_NULL;
+        }
+        const llama_token t = arr.data[arr.selected].id;
+        llama_sampler_accept(chain_, t);
+        return t;
+    }
+
+    // Would the grammar end here (its end-of-generation token allowed)? Only ignore_eos can
+    // then have ruled every candidate out; the request ends as if the model had stopped.
+    bool grammar_complete() {
+        const llama_token eos = llama_vocab_eos(model->vocab());
+        if (grammar_ == nullptr || !ignore_eos_ || eos == LLAMA_TOKEN_NULL) return false;
+        llama_token_data one{eos, 0.0f, 0.0f};
+        llama_token_data_array arr{&one, 1, -1, false};
+        llama_sampler_apply(grammar_, &arr);
+        return std::isfinite(one.logit);
+    }
+
     llama_token argmax(llama_context * c, int idx) {
         const float * logits = llama_get_logits_ith(c, idx);
         if (logits == nullptr) throw py::value_error("sample: no logits at output row " + std::to_string(idx));
@@ -174,8 +212,10 @@ private:
         llama_sampler_chain_add(chain_, budget_);   // the chain owns it from here
     }
 
+    std::vector<llama_token_data> cur_;  // the candidate array, reused across tokens
     llama_sampler * chain_ = nullptr;
     llama_sampler * budget_ = nullptr;  // owned by chain_
+    llama_sampler * grammar_ = nullptr;  // owned by chain_
     bool has_budget_ = false;
     bool fast_greedy_ = false;
     bool ignore_eos_ = false;

@@ -73,3 +73,11 @@ class GrammarCache:
 
     def stats(self) -> dict[str, int]:
         return {"hits": self.hits, "misses": self.misses, "size": len(self._grammars)}
+
+
+def grammar_dead_end(grammar: str | None, json_schema: str | None, err: Exception) -> InvalidOption:
+    """The error a request ends with when its grammar leaves no token to sample mid-way (the
+    native sampler refuses rather than let llama.cpp abort accepting a ruled-out token)."""
+    if json_schema is not None:
+        return InvalidOption("json_schema", json_schema, f"a schema some continuation can satisfy: {err}")
+    return InvalidOption("grammar", grammar, f"a grammar some continuation can satisfy: {err}")
