@@ -430,12 +430,7 @@ class Engine(SessionOps, AdapterOps, CacheSaves, Recovery):
     # --- per token -----------------------------------------------------------------------
     def _sample(self, req: Request, row: int) -> None:
         try:
-            try:
             token = req.sampler.sample(self.ctx, row)
-        except ValueError as e:  # the grammar left no token to sample (csrc/sampler.cpp)
-            self._retire(req, keep_kv=False)
-            req.fail(grammar_dead_end(req.opts.grammar, req.opts.json_schema, e))
-            return
         except ValueError as e:  # the grammar left no token to sample (csrc/sampler.cpp)
             self._retire(req, keep_kv=False)
             req.fail(grammar_dead_end(req.opts.grammar, req.opts.json_schema, e))
