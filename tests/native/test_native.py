@@ -110,7 +110,62 @@ def test_two_sequences_in_one_decode_and_state_round_trip(native_ctx):
     rc = ctx.decode([first_a, first_a], [len(a), len(a)], [0, 1], [1, 1])
     assert rc == 0
     assert greedy.sample(ctx, 0) == _native.Sampler(m, {"temperature": 0.0}).sample(ctx, 1)
-    assert ctx.state_seq_set(1, b"garbage") == 0      # llama.cpp refuses, nothing crashes
+    with pytest.raises(ValueError, match="magic"):     # refused before llama.cpp reads it
+        ctx.state_seq_set(1, b"garbage")
+
+
+STATE_HEADER = 4 + 4 + 4 + 4  # magic, sequence id, stream count, cell count
+CELL = 4 + 4 + 4              # position, sequence count, sequence id (no cell ext in this model)
+
+
+def _state_of(m, ctx, text: str) -> tuple[list[int], bytes]:
+    ids = m.tokenize(text, True, True)
+    ctx.memory_clear()
+    assert ctx.decode(ids, list(range(len(ids))), [0] * len(ids), [0] * len(ids)) == 0
+    return ids, ctx.state_seq_get(0)
+
+
+def _poke_i32(state: bytes, offset: int, value: int) -> bytes:
+    return state[:offset] + int(value).to_bytes(4, "little", signed=True) + state[offset + 4:]
+
+
+def test_state_layout_is_what_the_check_reads(native_ctx):
+    """The offsets the corruption tests poke: cell i's position at HEADER + i * CELL."""
+    m, ctx = native_ctx
+    ids, state = _state_of(m, ctx, "The capital of France is")
+    assert int.from_bytes(state[12:16], "little") == len(ids)          # cell count
+    for i in range(len(ids)):
+        assert int.from_bytes(state[STATE_HEADER + i * CELL:][:4], "little") == i
+
+
+@pytest.mark.parametrize("position", [2**31 - 1, 256, -1])
+def test_state_with_a_cell_outside_the_context_is_refused(native_ctx, position):
+    m, ctx = native_ctx
+    ids, state = _state_of(m, ctx, "The capital of France is")
+    bad = _poke_i32(state, STATE_HEADER + 2 * CELL, position)
+    ctx.seq_rm(1, -1, -1)
+    with pytest.raises(ValueError, match=f"cell 2 is at position {position}, outside the context"):
+        ctx.state_seq_set(1, bad)
+    assert ctx.seq_pos_max(1) == -1                        # nothing was restored
+    assert ctx.state_seq_set(1, state) == len(state)       # the sound state still round-trips
+    assert ctx.seq_pos_max(1) == len(ids) - 1
+    assert ctx.decode([ids[-1]], [len(ids)], [1], [1]) == 0
+
+
+@pytest.mark.parametrize("damage,reason", [
+    (lambda s: s + b"\0", "1 bytes after the state's end"),
+    (lambda s: s[:-1], "run past the end"),
+    (lambda s: _poke_i32(s, 12, 100_000), "100000 cells; the context holds 256"),
+    (lambda s: _poke_i32(s, 12, 2), "refused a malformed sequence state"),
+    (lambda s: _poke_i32(s, STATE_HEADER + 4, 2), "cell 0 names 2 sequences"),
+    (lambda s: _poke_i32(s, 8, 7), "7 KV streams"),
+])
+def test_state_whose_sizes_disagree_is_refused(native_ctx, damage, reason):
+    m, ctx = native_ctx
+    _, state = _state_of(m, ctx, "One, two, three,")
+    with pytest.raises(ValueError, match=reason):
+        ctx.state_seq_set(1, damage(state))
+    assert ctx.seq_pos_max(1) == -1
 
 
 def test_bad_grammar_is_a_value_error(native_ctx):
