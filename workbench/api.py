@@ -7,6 +7,7 @@ NotLoaded for an id that is not loaded.
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -99,6 +100,8 @@ def tokenize(model: str, text: str, add_special: bool = True, parse_special: boo
     """Tokens of ``text`` as llama.cpp's own tools make them (BOS per vocab, specials parsed)."""
     if not isinstance(text, str):
         raise InvalidOption("text", text, "a string")
+    check_bool("add_special", add_special)
+    check_bool("parse_special", parse_special)
     return _engine(model).model.tokenize(text, add_special, parse_special)
 
 
@@ -106,6 +109,8 @@ def detokenize(model: str, tokens: Sequence[int], remove_special: bool = False,
                unparse_special: bool = False) -> str:
     eng = _engine(model)
     ids = _token_list(eng, tokens, "tokens")
+    check_bool("remove_special", remove_special)
+    check_bool("unparse_special", unparse_special)
     return eng.model.detokenize(ids, remove_special, unparse_special).decode("utf-8", "replace")
 
 
@@ -234,9 +239,10 @@ def cached_prefix_len(model: str, prompt: str | Sequence[int], cache_scope: str 
     """How many leading tokens of ``prompt`` the prefix cache holds for this model (all
     tiers, nothing loaded, no counters moved)."""
     eng = _engine(model)
+    opts = build(RequestOptions, {"cache_scope": cache_scope}, "argument")
     if eng.kvcache is None:
         return 0
-    tokens = _prompt_tokens(eng, prompt, build(RequestOptions, {}))
+    tokens = _prompt_tokens(eng, prompt, opts)
     return eng.kvcache.cached_prefix_len(tokens, cache_scope)
 
 
@@ -270,6 +276,8 @@ def load_adapter(model: str, path: str, scale: float = 1.0) -> int:
 
     eng = _engine(model)
     scale = _scale(scale)
+    if not isinstance(path, (str, os.PathLike)):
+        raise InvalidOption("path", path, "a path (str or PathLike) to a GGUF LoRA adapter")
     p = check_model_file(path)
     probe(eng.path, eng.fingerprint, eng.cfg, adapter_path=p, adapter_sha256=fingerprint(p))
     try:
@@ -283,6 +291,7 @@ def load_adapter(model: str, path: str, scale: float = 1.0) -> int:
 
 def unload_adapter(model: str, adapter: int) -> None:
     """Detach an adapter (idempotent)."""
+    check_int("adapter", adapter, 0, None)
     _engine(model).request_adapters(lambda cur: [a for a in cur if a.handle != adapter])
 
 
@@ -304,9 +313,7 @@ def list_adapters(model: str) -> list[dict[str, Any]]:
 
 
 def _scale(scale: Any) -> float:
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or scale != scale:
-        raise InvalidOption("scale", scale, "a number")
-    return float(scale)
+    return check_number("scale", scale)  # type: ignore[return-value]
 
 
 def cancel(ref: Stream | int) -> None:

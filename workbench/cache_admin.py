@@ -10,8 +10,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import threading
+
+from .cache import get_policy
 from .engine import prefix_cache
 from .errors import InvalidOption
+from .options import check_bool, check_int, check_number
 
 
 def configure_cache(tiers: Sequence[Mapping[str, Any]], policy: Any = "frecency") -> dict[str, Any]:
@@ -19,14 +23,36 @@ def configure_cache(tiers: Sequence[Mapping[str, Any]], policy: Any = "frecency"
     ``[{'kind': 'ram', 'budget_bytes': 2**30}, {'kind': 'shm', 'budget_bytes': 4 * 2**30},
     {'kind': 'disk', 'root': '~/kv', 'budget_bytes': 50 * 2**30}]``. Persistent tiers are
     scanned: valid rows from before a restart are adopted, corrupt files removed and counted."""
-    if isinstance(tiers, Mapping) or not isinstance(tiers, Sequence) or not tiers:
+    if isinstance(tiers, (Mapping, str, bytes)) or not isinstance(tiers, Sequence) or not tiers:
         raise InvalidOption("tiers", tiers, "a non-empty list of tier dicts", "cache")
+    _check_policy("policy", policy)
+    for i, spec in enumerate(tiers):
+        if isinstance(spec, Mapping):
+            _check_tier_names(f"tiers[{i}].", spec.get("name"), spec.get("policy"))
     return prefix_cache.configure(tiers, policy).info()
+
+
+def _check_policy(key: str, policy: Any) -> None:
+    """An eviction policy the cache can make: a name, a policy class or instance, a function."""
+    if policy is None:
+        return
+    try:
+        get_policy(policy)
+    except (TypeError, ValueError) as e:
+        raise InvalidOption(key, policy, f"an eviction policy ({e})", "tier") from None
+
+
+def _check_tier_names(prefix: str, name: Any, policy: Any) -> None:
+    if name is not None and (not isinstance(name, str) or not name):
+        raise InvalidOption(prefix + "name", name, "a non-empty string or None (the kind)", "tier")
+    _check_policy(prefix + "policy", policy)
 
 
 def add_tier(kind: str, name: str | None = None, root: str | None = None,
              budget_bytes: int | None = None, policy: Any = None, position: int | None = None) -> dict[str, Any]:
     """Add a tier below the others (or at ``position``); a persistent one is scanned."""
+    _check_tier_names("", name, policy)
+    check_int("position", position, 0, len(list_tiers()), none_ok=True)
     spec = {"kind": kind, "name": name, "root": root, "budget_bytes": budget_bytes, "policy": policy}
     tier = prefix_cache.make_tier({k: v for k, v in spec.items() if v is not None})
     cache = prefix_cache.shared_cache()
@@ -41,11 +67,17 @@ def add_tier(kind: str, name: str | None = None, root: str | None = None,
 
 def remove_tier(name: str, purge: bool = False) -> int:
     """Detach a tier; returns the rows that left the cache (files stay unless ``purge``)."""
+    check_bool("purge", purge)
     cache = prefix_cache.shared_cache()
-    if name not in {t["name"] for t in cache.list_tiers()}:
-        raise InvalidOption("name", name, "the name of a tier: " + ", ".join(t["name"] for t in cache.list_tiers()),
-                            "tier")
+    _tier_name(cache, name)
     return cache.remove_tier(name, purge=purge)
+
+
+def _tier_name(cache: Any, name: Any) -> str:
+    names = [t["name"] for t in cache.list_tiers()]
+    if not isinstance(name, str) or name not in names:
+        raise InvalidOption("tier", name, "the name of a tier: " + ", ".join(map(str, names)), "tier")
+    return name
 
 
 def list_tiers() -> list[dict[str, Any]]:
@@ -66,27 +98,36 @@ def cache_rows() -> list[dict[str, Any]]:
 def wait_for_saves(timeout_s: float | None = 30.0) -> bool:
     """Wait until every background row save has been written (or dropped); False on
     timeout. complete()/stream() save finish rows off the decode path."""
-    if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float))
-                                  or timeout_s < 0):
-        raise InvalidOption("timeout_s", timeout_s, "a number of seconds >= 0, or None (no bound)")
-    return prefix_cache.shared_cache().wait_for_saves(timeout_s)
+    timeout = check_number("timeout_s", timeout_s, 0.0, threading.TIMEOUT_MAX, none_ok=True,
+                           what="a number of seconds")
+    return prefix_cache.shared_cache().wait_for_saves(timeout)
 
 
 def evict_bytes(n: int, tier: str | None = None) -> int:
     """Free at least ``n`` bytes of ``tier`` (default: the top one), demoting rows down the
     tiers by its policy; pinned rows go last. Returns the bytes freed there."""
-    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-        raise InvalidOption("n", n, "a non-negative number of bytes")
-    return prefix_cache.shared_cache().evict_bytes(n, tier)
+    check_int("n", n, 0, None)
+    cache = prefix_cache.shared_cache()
+    if tier is not None:
+        _tier_name(cache, tier)
+    return cache.evict_bytes(n, tier)
 
 
 def pin_row(key: str) -> str | None:
     """Protect a row from eviction (one pin per namespace: returns the row it displaced)."""
-    try:
-        return prefix_cache.shared_cache().pin(key)
-    except KeyError:
-        raise InvalidOption("key", key, "the key of a cached row") from None
+    return _on_row(key, prefix_cache.shared_cache().pin)
 
 
 def unpin_row(key: str) -> bool:
-    return prefix_cache.shared_cache().unpin(key)
+    """Let a row be evicted again; False if it was not pinned. InvalidOption for a key the
+    cache does not hold (as pin_row)."""
+    return _on_row(key, prefix_cache.shared_cache().unpin)
+
+
+def _on_row(key: Any, op: Any) -> Any:
+    if not isinstance(key, str):
+        raise InvalidOption("key", key, "the key of a cached row (a string)")
+    try:
+        return op(key)
+    except KeyError:
+        raise InvalidOption("key", key, "the key of a cached row") from None

@@ -46,3 +46,82 @@ def test_config_errors_say_config():
 
 def test_stop_sequences_accept_one_string():
     assert build(RequestOptions, {"stop_sequences": "\n"}).stop_sequences == ("\n",)
+
+
+# --- every integer fits what llama.cpp takes; every number is finite ------------------------
+
+import dataclasses  # noqa: E402
+import math  # noqa: E402
+
+from workbench.options import ChatOptions, INT32_MAX, check_number  # noqa: E402
+
+RECORDS = (LoadConfig, RequestOptions, ChatOptions)
+
+
+def _fields(kind):
+    return [(cls, f.name) for cls in RECORDS for f in dataclasses.fields(cls) if f.type in (kind, f"{kind} | None")]
+
+
+@pytest.mark.parametrize("cls,key", _fields("int"))
+@pytest.mark.parametrize("value", [2**40, 2**64, -(2**63)])
+def test_every_int_option_is_bounded(cls, key, value):
+    """n_ctx=2**40 reached pybind as a RuntimeError 'Unable to cast'."""
+    with pytest.raises(InvalidOption) as e:
+        build(cls, {key: value})
+    assert e.value.key == key and e.value.value == value
+
+
+@pytest.mark.parametrize("cls,key", [(c, k) for c, k in _fields("int") if k != "seed"])   # seed: uint32
+def test_int_options_stop_at_int32(cls, key):
+    with pytest.raises(InvalidOption) as e:
+        build(cls, {key: INT32_MAX + 1})
+    assert e.value.key == key and e.value.value == INT32_MAX + 1
+
+
+@pytest.mark.parametrize("cls,key", _fields("float"))
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf, 10**400])
+def test_every_float_option_is_finite(cls, key, value):
+    with pytest.raises(InvalidOption) as e:
+        build(cls, {key: value})
+    assert e.value.key == key
+
+
+def test_the_int_and_float_sweeps_cover_the_options():
+    assert {"n_ctx", "n_batch", "n_ubatch", "embed_n_ctx", "response_tokens", "top_k", "thinking_budget_tokens"} <= {
+        k for _, k in _fields("int")}
+    assert {"temperature", "top_p", "repetition_penalty"} <= {k for _, k in _fields("float")}
+
+
+def test_reasoning_budget_tokens_are_bounded():
+    with pytest.raises(InvalidOption, match="reasoning_budget"):
+        build(RequestOptions, {"reasoning_budget": {"tokens": 2**31, "end": "</think>"}})
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, True, "1", None, 10**400])
+def test_check_number_names_the_value(value):
+    with pytest.raises(InvalidOption) as e:
+        check_number("timeout_s", value, 0.0)
+    assert e.value.key == "timeout_s" and repr(value)[:20] in str(e.value)
+
+
+# --- relations between load settings (llama.cpp aborts on these) ----------------------------
+
+@pytest.mark.parametrize("cfg,key", [
+    ({"n_batch": 1}, "n_batch"), ({"n_batch": 3, "n_seq_max": 4}, "n_batch"),
+    ({"n_ctx": 16, "n_seq_max": 17, "n_batch": 64}, "n_ctx"),
+    ({"embed_n_ctx": 1000}, "embed_n_ctx"), ({"embed_n_ctx": 8, "embed_n_seq_max": 16}, "embed_n_ctx"),
+])
+def test_load_relations(cfg, key):
+    with pytest.raises(InvalidOption) as e:
+        build(LoadConfig, cfg, "config")
+    assert e.value.key == key
+
+
+def test_relations_with_the_model_default_context():
+    cfg = build(LoadConfig, {"n_seq_max": 64, "n_batch": 64})
+    assert cfg.context_params(2048)["n_ctx"] == 2048
+    with pytest.raises(InvalidOption, match="n_ctx.*default"):
+        cfg.context_params(32)                     # a model trained on 32 tokens: n_ctx defaults to 32
+    assert build(LoadConfig, {"embed_n_seq_max": 3}).embed_params(999) == (999, 3)
+    with pytest.raises(InvalidOption, match="embed_n_ctx"):
+        build(LoadConfig, {"embed_n_seq_max": 16}).embed_params(1000)

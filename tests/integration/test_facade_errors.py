@@ -1,0 +1,101 @@
+"""Bad arguments to the public calls raise a WorkbenchError naming the argument and the
+value (InvalidOption), never a bare KeyError / ValueError / TypeError / pybind error, and
+never go through unchecked (wait_for_saves(nan) used to be accepted)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+import workbench as wb
+from workbench.errors import InvalidOption
+
+pytestmark = pytest.mark.model
+
+
+def refused(key, fn, *args, **kwargs):
+    with pytest.raises(InvalidOption) as e:
+        fn(*args, **kwargs)
+    assert e.value.key == key, str(e.value)
+    return e.value
+
+
+def test_unknown_row_keys_name_the_key():
+    e = refused("key", wb.unpin_row, "nope")
+    assert e.value == "nope" and "'nope'" in str(e)
+    refused("key", wb.pin_row, "nope")
+    refused("key", wb.unpin_row, 5)
+
+
+def test_unpin_row_returns_whether_it_was_pinned(model):
+    r = wb.prefill_only(model, "A row to pin and unpin in the facade test. " * 4)
+    key = r.finish_key
+    assert wb.unpin_row(key) is False
+    wb.pin_row(key)
+    assert wb.unpin_row(key) is True and wb.unpin_row(key) is False
+
+
+def test_cached_prefix_len_scope(model):
+    for bad in (None, "", 5):
+        e = refused("cache_scope", wb.cached_prefix_len, model, "Hello", cache_scope=bad)
+        assert repr(bad) in str(e)
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf, -1, True, "1", 1e300])
+def test_wait_for_saves_timeout(bad):
+    e = refused("timeout_s", wb.wait_for_saves, bad)
+    assert e.value is bad or e.value == bad
+    assert wb.wait_for_saves(0) in (True, False) and wb.wait_for_saves(None) is True
+
+
+def test_token_call_flags(model):
+    refused("add_special", wb.tokenize, model, "hi", add_special=1)
+    refused("parse_special", wb.tokenize, model, "hi", parse_special="no")
+    refused("remove_special", wb.detokenize, model, [1], remove_special=None)
+    refused("unparse_special", wb.detokenize, model, [1], unparse_special=0)
+
+
+def test_session_calls(model):
+    refused("session_id", wb.end_session, model, 1.5)
+    refused("session_id", wb.reset_session, model, True)
+    refused("cache_scope", wb.end_session, model, "s", cache_scope=None)
+    refused("cache_scope", wb.reset_session, model, "s", cache_scope="")
+    refused("cache_scope", wb.sessions, model, cache_scope=3)
+    refused("stream", wb.continue_session, model, "s", [1], stream="yes")
+
+
+def test_adapter_calls(model, tmp_path):
+    for bad in (math.inf, math.nan, 10**400, True):
+        refused("scale", wb.load_adapter, model, str(tmp_path / "none.gguf"), scale=bad)
+    refused("path", wb.load_adapter, model, 12)
+    refused("adapter", wb.unload_adapter, model, "first")
+    refused("scale", wb.set_adapter_scale, model, 1, math.inf)
+
+
+def test_request_numbers(model):
+    refused("temperature", wb.complete, model, "Hi", temperature=math.inf)
+    refused("top_k", wb.complete, model, "Hi", top_k=2**40)
+    refused("response_tokens", wb.complete, model, "Hi", response_tokens=2**63)
+
+
+def test_tier_calls():
+    before = [t["name"] for t in wb.list_tiers()]
+    refused("tier", wb.evict_bytes, 10, tier="nope")
+    refused("n", wb.evict_bytes, -1)
+    refused("purge", wb.remove_tier, "ram", purge="yes")
+    refused("tier", wb.remove_tier, "nope")
+    refused("tier", wb.remove_tier, 5)
+    refused("position", wb.add_tier, "ram", name="extra", position="x")
+    refused("position", wb.add_tier, "ram", name="extra", position=10**30)
+    refused("name", wb.add_tier, "ram", name=5)
+    refused("policy", wb.add_tier, "ram", name="extra", policy="zzz")
+    refused("policy", wb.configure_cache, [{"kind": "ram"}], policy=5)
+    refused("tiers[0].policy", wb.configure_cache, [{"kind": "ram", "policy": "zzz"}])
+    assert [t["name"] for t in wb.list_tiers()] == before              # nothing half-added
+
+
+def test_pressure_calls():
+    refused("high", wb.start_pressure_monitor, high=math.nan)
+    refused("timeout_s", wb.stop_pressure_monitor, timeout_s=math.inf)
+    assert wb.pressure() == {"running": False}
