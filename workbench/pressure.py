@@ -11,6 +11,7 @@ poll). The default evictor picks the least recently active idle model.
 
 from __future__ import annotations
 
+import math
 import shutil
 import subprocess
 import threading
@@ -83,11 +84,11 @@ class CallbackSource:
 
 def as_reading(got: Any) -> Reading | None:
     """What a source returned, as a Reading: a Reading, a (used_bytes, total_bytes) pair of
-    non-negative ints, or None (nothing to report). Anything else raises TypeError."""
+    finite non-negative numbers, or None (nothing to report). Anything else raises TypeError."""
     if got is None or isinstance(got, Reading):
         return got
     if isinstance(got, (tuple, list)) and len(got) == 2 and all(
-            isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in got):
+            isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0 for x in got):
         return Reading(int(got[0]), int(got[1]))
     raise TypeError(f"a source must return a Reading, (used_bytes, total_bytes) or None; got {got!r}")
 

@@ -9,6 +9,7 @@ import pytest
 
 import workbench as wb
 from workbench.errors import InvalidOption
+from workbench.pressure import CallbackSource
 
 pytestmark = pytest.mark.model
 
@@ -105,11 +106,13 @@ def test_a_source_returning_garbage_is_recorded_and_the_others_still_count(monit
         def read(self):
             return "full"
 
-    monitor(sources=[Tuple(), Garbage(), lambda: (float("nan"), 100)], interval_s=0.02)
+    monitor(sources=[Tuple(), Garbage(), lambda: (float("nan"), 100), CallbackSource(lambda: (1.0, 4.0), "floats")],
+            interval_s=0.02)
     assert wait_for(lambda: wb.pressure().get("polls", 0) >= 3)
     seen = wb.pressure()
     assert seen["running"] is True
     assert seen["sources"]["tuple"] == {"used_bytes": 50, "total_bytes": 100, "fraction": 0.5}
+    assert seen["sources"]["floats"]["fraction"] == 0.25
     assert seen["sources"]["garbage"] is None and seen["sources"]["callback"] is None
     assert seen["errors"] >= 2 * 3 and "source " in seen["last_error"] and "TypeError" in seen["last_error"]
 
