@@ -11,11 +11,11 @@ import hashlib
 import os
 import random
 import signal
-import subprocess
-import sys
 import textwrap
 import time
 from pathlib import Path
+
+from crash_kills import kill_at_random, tmp_files
 
 from workbench.cache.format import read_row
 from workbench.cache.keys import CacheNamespace, tokens_from_bytes
@@ -23,7 +23,6 @@ from workbench.cache.tiered import TieredCache
 from workbench.cache.tiers import DiskTier
 
 FP = "ab" * 32
-REPO = Path(__file__).resolve().parents[2]
 
 WRITER = textwrap.dedent(
     """
@@ -52,27 +51,20 @@ def expected_prefix(tokens: list[int]) -> bytes:
 
 def test_sigkill_during_saves_leaves_only_valid_rows(tmp_path: Path) -> None:
     root = tmp_path / "disk"
-    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     rng = random.Random(1234)
     deadline = time.monotonic() + 20
     kills = 0
     for i in range(20):
         if time.monotonic() > deadline:
             break
-        child = subprocess.Popen([sys.executable, "-c", WRITER, str(root), str(i)], env=env,
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        assert child.stdout is not None
-        assert child.stdout.readline().strip() == b"ready", child.stderr.read() if child.stderr else b""
-        time.sleep(rng.uniform(0.0, 0.08))
-        child.send_signal(signal.SIGKILL)
-        child.wait()  # reaped: its pid no longer exists, so its tmp files are orphans
+        assert kill_at_random(WRITER, [str(root), str(i)], rng, 0.08) == -signal.SIGKILL
         kills += 1
     assert kills >= 10
 
     cache = TieredCache([DiskTier("disk", root, None)], policy="lru")
     report = cache.scan()["disk"]
     names = os.listdir(root)
-    assert not [n for n in names if ".tmp." in n], names
+    assert not tmp_files(root), names
     assert len(names) == len(report.rows) == len(cache) > 0
     # about half the kills land mid-write; the scan must have cleaned those up
     assert report.orphans_removed >= 1

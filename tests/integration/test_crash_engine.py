@@ -1,0 +1,141 @@
+"""SIGKILL during real engine work: the default model saving rows to a shm and a disk tier.
+
+A writer child loads the model with a small shm tier over a disk tier (so rows are
+demoted, promoted and evicted as well as published), runs requests over a family of
+prompts, and is killed with SIGKILL at a random moment: during its start-up scan, a
+prefill, a save, a demotion. WORKBENCH_CRASH_KILLS kills (default 25; `make crash-test`
+runs 500). Then, and every 100 kills, a fresh process configures the same tiers and
+checks what a user would meet:
+
+* the start-up scan rejects nothing (a kill leaves at worst a tmp file, never a torn row)
+  and leaves no tmp file behind;
+* every adopted row's payload verifies when it is read (0 corrupt rows served);
+* every adopted prompt row restores exactly and reproduces the cold greedy reply, and no
+  restore is refused by llama.cpp.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from crash_kills import REPO, child_env, kill_at_random, tmp_files
+
+pytestmark = pytest.mark.model
+
+KILLS = int(os.environ.get("WORKBENCH_CRASH_KILLS", "25"))
+CHECK_EVERY = 100
+N_PROMPTS = 24
+
+COMMON = textwrap.dedent(r'''
+    import json, sys
+    import workbench as wb
+
+    model_path, shm_root, disk_root = sys.argv[1], sys.argv[2], sys.argv[3]
+    TIERS = [{"kind": "shm", "root": shm_root, "budget_bytes": 6 << 20},
+             {"kind": "disk", "root": disk_root, "budget_bytes": 48 << 20}]
+
+    def prompt(i):
+        return ("<|im_start|>system\nYou are a terse assistant.<|im_end|>\n<|im_start|>user\n"
+                f"Question {i}: what is {i} plus {i * 7 % 13}? Answer with one number." * (1 + i % 3)
+                + "<|im_end|>\n<|im_start|>assistant\n")
+''')
+
+WRITER = COMMON + textwrap.dedent(r'''
+    import random
+    seed = int(sys.argv[4])
+    print("ready", flush=True)  # a kill may land in the start-up scan or the model load too
+    wb.configure_cache(TIERS)
+    m = wb.load_model(model_path=model_path, n_ctx=1024, n_seq_max=2, n_threads=1)
+    rng = random.Random(seed)
+    while True:
+        wb.complete(m, prompt(rng.randrange(N_PROMPTS)), response_tokens=rng.randrange(1, 6))
+''').replace("N_PROMPTS", str(N_PROMPTS))
+
+CHECKER = COMMON + textwrap.dedent(r'''
+    import os
+    from workbench.engine import prefix_cache
+    info = wb.configure_cache(TIERS)
+    out = {"scan_counters": {k: v for k, v in info["counters"].items() if k.startswith(("rejected", "orphans"))},
+           "tmp_left": [n for r in (shm_root, disk_root) for n in os.listdir(r) if ".tmp." in n],
+           "rows": info["rows"]}
+    cache = prefix_cache.shared_cache()
+    out["unreadable"] = sum(cache.get(key, promote=False) is None for key in cache.keys())
+    m = wb.load_model(model_path=model_path, n_ctx=1024, n_seq_max=2, n_threads=1)
+    by_len = {}
+    for r in wb.cache_rows():
+        by_len.setdefault(r["n_tokens"], []).append(r["key"])
+    checked = mismatched = not_exact = 0
+    for i in range(N_PROMPTS):
+        n = len(wb.tokenize(m, prompt(i))) - 1
+        if wb.cached_prefix_len(m, prompt(i)) != n:
+            continue  # no row for this prompt (never saved, evicted, or its save was killed)
+        warm = wb.complete(m, prompt(i), response_tokens=5)
+        cold = wb.complete(m, prompt(i), response_tokens=5, cache=False)
+        checked += 1
+        not_exact += warm.stats.cache_hit_kind != "exact"
+        mismatched += warm.tokens != cold.tokens
+    c = wb.counters()
+    out.update(checked=checked, mismatched=mismatched, not_exact=not_exact,
+               restore_failed=c.get("cache_restore_failed", 0),
+               rejected_at_read=c.get("cache_rejected_total", 0) - sum(
+                   v for k, v in out["scan_counters"].items() if k == "rejected_total"))
+    print(json.dumps(out))
+''').replace("N_PROMPTS", str(N_PROMPTS))
+
+
+@pytest.fixture
+def tier_roots(tmp_path):
+    """A shm root under /dev/shm (the real shared-memory file system) and a disk root."""
+    if Path("/dev/shm").is_dir():
+        shm = Path("/dev/shm") / f"workbench-{os.getuid()}" / f"crash-test-{uuid.uuid4().hex}"
+    else:
+        shm = tmp_path / "shm"
+    yield shm, tmp_path / "disk"
+    shutil.rmtree(shm, ignore_errors=True)
+
+
+def check(model_path: Path, shm: Path, disk: Path) -> dict:
+    done = subprocess.run([sys.executable, "-c", CHECKER, str(model_path), str(shm), str(disk)],
+                          env=child_env(), cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, f"the checker died with {done.returncode}: {done.stderr[-3000:]}"
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["scan_counters"].get("rejected_total", 0) == 0, out  # no torn row was ever published
+    assert out["tmp_left"] == [], out
+    assert out["unreadable"] == 0, out                              # every adopted payload verifies
+    assert out["rejected_at_read"] == 0 and out["restore_failed"] == 0, out
+    assert out["not_exact"] == 0 and out["mismatched"] == 0, out    # warm == cold, token for token
+    return out
+
+
+def test_sigkill_while_the_engine_saves_to_shm_and_disk(model_path, tier_roots):
+    shm, disk = tier_roots
+    rng = random.Random(int(os.environ.get("WORKBENCH_CRASH_SEED", "20240610")))
+    start = time.monotonic()
+    results = []
+    tmp_seen = 0  # tmp files present right after a kill (each removed by the next scan)
+    for i in range(KILLS):
+        # mostly mid-work; one in five during start-up (the scan, the model load)
+        early = i % 5 == 0
+        status = kill_at_random(WRITER, [str(model_path), str(shm), str(disk), str(i)], rng,
+                                min_delay_s=0.0 if early else 0.6, max_delay_s=0.6 if early else 2.2)
+        assert status == -signal.SIGKILL, f"the writer died on its own with status {status}"
+        tmp_seen += len(tmp_files(shm, disk))
+        if (i + 1) % CHECK_EVERY == 0 and i + 1 < KILLS:
+            results.append(check(model_path, shm, disk))
+    results.append(check(model_path, shm, disk))
+    final = results[-1]
+    assert final["rows"] > 0 and final["checked"] > 0, final
+    print(f"{KILLS} kills in {time.monotonic() - start:.0f} s, {tmp_seen} tmp files left by kills; "
+          f"last check: {final}")
