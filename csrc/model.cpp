@@ -3,6 +3,7 @@
 
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <deque>
 #include <mutex>
@@ -78,6 +79,12 @@ Model::Model(const std::string & path_, int n_gpu_layers, bool use_mmap, bool vo
         std::string why = recent_log();
         throw NativeError("llama.cpp could not load the model '" + path + "'" +
                           (why.empty() ? "" : ": " + why));
+    }
+    const llama_vocab * v = llama_model_get_vocab(model_);
+    char buf[8];
+    for (llama_token t = 0; t < llama_vocab_n_tokens(v); ++t) {
+        const int n = llama_token_to_piece(v, t, buf, sizeof(buf), 0, true);  // -(length) when longer
+        max_piece_bytes_ = std::max(max_piece_bytes_, (size_t)(n < 0 ? -n : n));
     }
 }
 
@@ -246,6 +253,9 @@ void bind_model(py::module_ & m) {
         .def("token_to_piece", &Model::token_to_piece, py::arg("token"), py::arg("special") = false)
         .def("detokenize", &Model::detokenize, py::arg("tokens"), py::arg("remove_special") = false,
              py::arg("unparse_special") = false)
+        .def_property_readonly("max_piece_bytes", &Model::max_piece_bytes,
+                               "The longest token piece in bytes (specials included): a text of n bytes "
+                               "has at least ceil(n / max_piece_bytes) tokens.")
         .def("is_eog", [](const Model & self, llama_token t) { self.check_token(t); return llama_vocab_is_eog(self.vocab(), t); })
         .def_property_readonly("n_vocab", [](const Model & self) { return llama_vocab_n_tokens(self.vocab()); })
         .def_property_readonly("bos", [](const Model & self) { return llama_vocab_bos(self.vocab()); })

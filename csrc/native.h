@@ -76,11 +76,15 @@ public:
     py::bytes token_to_piece(llama_token token, bool special) const;
     py::bytes detokenize(const std::vector<llama_token> & tokens, bool remove_special, bool unparse_special) const;
     void check_token(llama_token token) const;
+    // The longest piece of any token, special ones included, in bytes: a text of n bytes has
+    // at least ceil(n / max_piece_bytes) tokens. Computed once, at load.
+    size_t max_piece_bytes() const { return max_piece_bytes_; }
 
     std::string path;
 
 private:
     llama_model * model_ = nullptr;
+    size_t max_piece_bytes_ = 1;
 };
 
 // Owns a llama_context, its reusable batch and the abort state the callback reads.

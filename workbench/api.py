@@ -17,6 +17,7 @@ from .engine import prefix_cache
 from .engine.engine import Engine, model_id_for
 from .engine.events import CompletionResult
 from .engine.stream import Stream
+from .engine.tokens import tokenize_within
 from . import _native
 from .errors import (AlreadyLoaded, EmptyPrompt, InvalidOption, ModelFileError, NotLoaded, UnknownOption,
                      UnknownRequest)
@@ -102,7 +103,9 @@ def tokenize(model: str, text: str, add_special: bool = True, parse_special: boo
         raise InvalidOption("text", text, "a string")
     check_bool("add_special", add_special)
     check_bool("parse_special", parse_special)
-    return _engine(model).model.tokenize(text, add_special, parse_special)
+    eng = _engine(model)
+    limit = max(eng.ctx.n_ctx, eng.model.n_ctx_train)
+    return tokenize_within(eng.model, text, add_special, parse_special, limit, "the model's trained context")
 
 
 def detokenize(model: str, tokens: Sequence[int], remove_special: bool = False,
@@ -129,7 +132,7 @@ def _prompt_tokens(eng: Engine, prompt: Any, opts: RequestOptions) -> list[int]:
     if isinstance(prompt, str):
         if not prompt:
             raise EmptyPrompt()
-        tokens = eng.model.tokenize(prompt, opts.add_special, opts.parse_special)
+        tokens = tokenize_within(eng.model, prompt, opts.add_special, opts.parse_special, eng.ctx.n_ctx, "n_ctx")
     elif isinstance(prompt, Sequence) and not isinstance(prompt, bytes):
         tokens = _token_list(eng, prompt, "prompt")
     else:
