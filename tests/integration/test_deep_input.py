@@ -89,7 +89,7 @@ def test_deeply_nested_input_is_refused_not_fatal(model_path):
 
 
 TEMPLATE_CHILD = textwrap.dedent(r'''
-    import importlib, json, sys
+    import importlib, json, sys, time
     import workbench as wb
     probe = importlib.import_module("workbench.chat.probe")
     probe.TIMEOUT_S = 3.0
@@ -104,6 +104,14 @@ TEMPLATE_CHILD = textwrap.dedent(r'''
             out[name] = "ok: " + wb.render_chat_template(m, msgs, chat_template=t).prompt
         except Exception as e:
             out[name] = f"{type(e).__name__}: ...{str(e)[-300:]}"
+    for name, t in [("recursion_again", "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}"),
+                    ("loop_again", "{% for i in range(1000000000) %}x{% endfor %}")]:
+        started = time.perf_counter()
+        try:
+            wb.render_chat_template(m, msgs, chat_template=t)
+            out[name] = ["ok", 0.0]
+        except Exception as e:  # a refusal is remembered: no second probe
+            out[name] = [type(e).__name__, time.perf_counter() - started]
     out["after"] = wb.chat(m, msgs, response_tokens=2).reply
     print(json.dumps(out))
 ''')
@@ -122,4 +130,8 @@ def test_templates_that_kill_or_hang_their_renderer_are_refused(model_path, tmp_
     assert out["loop"].startswith("InvalidOption") and "within 3 s" in out["loop"], out["loop"]
     assert out["fine"] == "ok: <user>hi"
     assert out["after"]
-    assert len(list((tmp_path / "template-probes").iterdir())) == 2   # the good ones, remembered
+    for name in ("recursion_again", "loop_again"):   # refused again at once, not re-probed
+        assert out[name][0] == "InvalidOption" and out[name][1] < 0.5, out[name]
+    verdicts = sorted(p.suffix for p in (tmp_path / "template-probes").iterdir())
+    # the good ones and the two that killed the probe remembered on disk; a timeout only in memory
+    assert verdicts == ["", "", ".refused", ".refused"], verdicts

@@ -7,9 +7,9 @@ Templates come from GGUF files and from the ``chat_template`` option, so each ne
 first parsed and rendered, on a few ordinary conversations, in a child process that loads
 only the model's vocabulary. A child killed by a signal or running past the timeout means
 the template is refused with InvalidOption; anything else (including the template's own
-errors, which this process reports cleanly) lets it through. Verdicts are remembered in
-memory and under ``$WORKBENCH_HOME/template-probes`` (keyed by llama.cpp's commit and the
-template texts), so a template is probed once per machine.
+errors, which this process reports cleanly) lets it through. Verdicts, refusals as well as
+acceptances, are remembered in memory and under ``$WORKBENCH_HOME/template-probes`` (keyed
+by llama.cpp's commit and the template texts), so a template is probed once per machine.
 
 This covers what a template does on any input. Input the caller supplies is bounded
 separately (JSON nesting, see csrc/native.h), so that a template's legitimate recursion
@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import signal
 import subprocess
 import sys
 from typing import Any
 
 from .. import _native
-from ..child_probe import clear, cleared, signal_name
+from ..child_probe import clear, cleared, refuse, refused, signal_name
 from ..errors import InvalidOption
 
 log = logging.getLogger(__name__)
@@ -77,23 +78,27 @@ def check_template(native_model: Any, model_path: str, override: str | None) -> 
     """Raise InvalidOption if the template (``override``, else the model's) kills or hangs a
     process that parses and renders it."""
     key = _key(native_model, override)
+    what = override if override else f"<the chat template of {model_path}>"
     if cleared(FOLDER, key):
         return
-    what = override if override else f"<the chat template of {model_path}>"
+    why = refused(FOLDER, key)
+    if why is not None:
+        raise InvalidOption("chat_template", what, why)
     try:
         done = subprocess.run([sys.executable, "-c", _CHILD, model_path], input=override or "",
                               capture_output=True, text=True, timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        raise InvalidOption("chat_template", what, f"a template that renders a short conversation within "
-                                                   f"{TIMEOUT_S:g} s (a probe ran past that: a huge or endless "
-                                                   f"loop?)") from None
+        why = (f"a template that renders a short conversation within {TIMEOUT_S:g} s (a probe ran past "
+               f"that: a huge or endless loop?)")
+        refuse(FOLDER, key, why, persist=False)  # a busy machine is slow too: not on disk
+        raise InvalidOption("chat_template", what, why) from None
     except OSError as e:  # no way to start a child here: render in-process, as llama.cpp would
         log.warning("could not probe the chat template in a child process (%s); rendering it unprobed", e)
         return
     if done.returncode < 0:
-        raise InvalidOption("chat_template", what, f"a template llama.cpp can render without dying (a probe "
-                                                   f"process rendering it was killed by "
-                                                   f"{signal_name(done.returncode)}: unbounded recursion or "
-                                                   f"nesting?)")
+        why = (f"a template llama.cpp can render without dying (a probe process rendering it was killed "
+               f"by {signal_name(done.returncode)}: unbounded recursion or nesting?)")
+        refuse(FOLDER, key, why, persist=done.returncode != -signal.SIGKILL)  # SIGKILL: the OOM killer?
+        raise InvalidOption("chat_template", what, why)
     # rc > 0: the template's own error (parse or render), which this process reports cleanly
     clear(FOLDER, key, persist=done.returncode == 0)
