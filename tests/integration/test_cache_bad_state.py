@@ -74,7 +74,11 @@ CHILD = textwrap.dedent(r'''
         path = store.row_path(Path(root), rows[0]["key"])
         key = poison(path)
         out["poisoned"] = key
+        # an idle session holds the other sequence's KV: a refused restore must not touch it
+        wb.complete(m, "Hello there, how are", session_id="s", response_tokens=2)
         out["restore"] = run()          # meets the poisoned row
+        out["session_after"] = wb.complete(m, "Hello there, how are you today?", session_id="s",
+                                           response_tokens=2).stats.cache_hit_kind
         c = wb.counters()
         out["rejected_bad_state"] = c.get("cache_rejected_bad_state", 0)
         out["restore_failed"] = c.get("cache_restore_failed", 0)
@@ -106,6 +110,7 @@ def test_a_row_with_a_malformed_state_is_refused_removed_and_the_request_runs_co
     assert first["restore"] == {"tokens": cold, "kind": "cold"}  # refused, ran cold, same reply
     assert first["rejected_bad_state"] == 1 and first["restore_failed"] == 1
     assert first["not_cleared"] == 0                               # the sequence was verified empty
+    assert first["session_after"] == "sticky"                      # the other sequence's KV was kept
     assert [r["tokens"] for r in first["later"]] == [cold] * 3     # no DecodeFailed afterwards
     assert first["file_after"] != "poisoned"                      # the bad file is gone
     # the next process meets no poisoned row: a clean exact restore of the re-saved row
