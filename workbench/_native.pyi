@@ -40,6 +40,7 @@ class Model:
     n_params: int
     desc: str
     chat_template: str | None
+    max_piece_bytes: int  # the longest token piece (specials included), in bytes
     def __init__(self, path: str, n_gpu_layers: int = 0, use_mmap: bool = True, vocab_only: bool = False) -> None: ...
     def close(self) -> None: ...
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]: ...
@@ -73,7 +74,8 @@ class Context:
     def memory_clear(self) -> None: ...
     def state_seq_get(self, seq: int) -> bytes: ...
     def state_seq_set(self, seq: int, data: bytes) -> int:
-        """Bytes read; 0 when llama.cpp refused the state."""
+        """Bytes read; 0 when llama.cpp refused the state. ValueError ('state_seq_set: refused a
+        malformed sequence state (<reason>)'), nothing restored, when it does not fit this context."""
 
 class Sampler:
     """A per-request llama.cpp sampler chain (grammar, penalties, top-k/p, min-p, temperature, dist)."""

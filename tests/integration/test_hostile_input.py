@@ -130,3 +130,20 @@ def test_a_lone_surrogate_is_an_invalid_option(outcome, case):
 
 def test_the_model_still_answers_afterwards(outcome):
     assert outcome["after"] == "length"
+
+
+def test_a_prompt_that_cannot_fit_is_refused_before_tokenising(model):
+    """64,000 special tokens took 5 s to tokenise (llama.cpp's split is quadratic in them)."""
+    import time
+
+    import workbench as wb
+    from workbench.errors import ContextOverflow
+
+    text = "<|im_start|>" * 64_000
+    for call in (lambda: wb.complete(model, text, response_tokens=1), lambda: wb.tokenize(model, text)):
+        started = time.perf_counter()
+        with pytest.raises(ContextOverflow, match="refused before tokenising"):
+            call()
+        assert time.perf_counter() - started < 0.5
+    # what fits is tokenised as before
+    assert wb.tokenize(model, "<|im_start|>" * 100, add_special=False) == wb.tokenize(model, "<|im_start|>")[-1:] * 100
