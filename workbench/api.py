@@ -316,7 +316,7 @@ def list_adapters(model: str) -> list[dict[str, Any]]:
 
 
 def _scale(scale: Any) -> float:
-    return check_number("scale", scale)  # type: ignore[return-value]
+    return check_number("scale", scale)
 
 
 def cancel(ref: Stream | int) -> None:

@@ -7,10 +7,9 @@ disk tiers with :func:`add_tier`, or replace the whole stack with :func:`configu
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
-
-import threading
 
 from .cache import get_policy
 from .engine import prefix_cache

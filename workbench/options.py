@@ -13,7 +13,7 @@ import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar, overload
 
 from .errors import InvalidOption, UnknownOption
 
@@ -35,6 +35,12 @@ def default_threads() -> int:
 INT32_MAX = 2**31 - 1  # llama.cpp takes counts as int32 / uint32: nothing larger reaches it
 
 
+@overload
+def check_int(key: str, v: Any, lo: int | None = ..., hi: int | None = ..., *, none_ok: Literal[False] = ...,
+              where: str = ...) -> int: ...
+@overload
+def check_int(key: str, v: Any, lo: int | None = ..., hi: int | None = ..., *, none_ok: bool,
+              where: str = ...) -> int | None: ...
 def check_int(key: str, v: Any, lo: int | None = None, hi: int | None = INT32_MAX, *, none_ok: bool = False,
               where: str = "argument") -> int | None:
     """An int (not a bool) in [lo, hi], or None when ``none_ok``; else InvalidOption."""
@@ -45,6 +51,12 @@ def check_int(key: str, v: Any, lo: int | None = None, hi: int | None = INT32_MA
     return v
 
 
+@overload
+def check_number(key: str, v: Any, lo: float | None = ..., hi: float | None = ..., *,
+                 none_ok: Literal[False] = ..., where: str = ..., what: str = ...) -> float: ...
+@overload
+def check_number(key: str, v: Any, lo: float | None = ..., hi: float | None = ..., *, none_ok: bool,
+                 where: str = ..., what: str = ...) -> float | None: ...
 def check_number(key: str, v: Any, lo: float | None = None, hi: float | None = None, *, none_ok: bool = False,
                  where: str = "argument", what: str = "a finite number") -> float | None:
     """A finite int or float (not a bool, nan or inf) in [lo, hi], as a float; or None."""
@@ -75,7 +87,8 @@ def check_scope(key: str, v: Any, where: str = "argument") -> str:
     return v
 
 
-def check_session_id(key: str, v: Any, where: str = "argument", none_ok: bool = False) -> str | int | None:
+def check_session_id(key: str, v: Any, where: str = "argument", none_ok: bool = False) -> Any:
+    """A session id: a str or an int (not a bool); None too when ``none_ok``."""
     if (v is None and none_ok) or (isinstance(v, (str, int)) and not isinstance(v, bool)):
         return v
     raise InvalidOption(key, v, "a string or an int" + (" or None" if none_ok else ""), where)

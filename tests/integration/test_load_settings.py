@@ -47,7 +47,7 @@ CHILD = textwrap.dedent(r'''
 
 def run_child(model_path, cases, tmp_path):
     done = subprocess.run([sys.executable, "-c", CHILD, str(model_path), json.dumps(cases)], capture_output=True,
-                          text=True, timeout=600, env=_env(tmp_path))
+                          text=True, timeout=600, env=_env(tmp_path), check=False)
     assert done.returncode == 0, f"the child died ({done.returncode}): {done.stderr[-2000:]}"
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -114,7 +114,7 @@ def test_the_probe_tries_the_settings_asked_for(model_path, tmp_path, bad, stage
     """What validation misses is caught in the probe's child: it makes the context and the
     embedding context with the user's settings; the settings (not the file) are refused."""
     done = subprocess.run([sys.executable, "-c", PROBE_CHILD, str(model_path), json.dumps(bad)],
-                          capture_output=True, text=True, timeout=600, env=_env(tmp_path))
+                          capture_output=True, text=True, timeout=600, env=_env(tmp_path), check=False)
     assert done.returncode == 0, done.stderr[-2000:]
     kind, key, msg = json.loads(done.stdout.strip().splitlines()[-1])
     assert (kind, key) == ("InvalidOption", "config"), msg

@@ -122,7 +122,6 @@ def test_stop_from_inside_the_evictor_does_not_deadlock(monitor):
 
     def evictor():
         done.append(wb.stop_pressure_monitor())          # from the poller's own thread
-        return None
 
     monitor(sources=[lambda: (99, 100)], interval_s=0.02, unload_models=True, evictor=evictor)
     assert wait_for(lambda: done, timeout=5)

@@ -69,10 +69,9 @@ def test_leaving_the_with_block_cancels_at_once(fresh_model):
 def test_leaving_the_with_block_on_an_exception_cancels_at_once(fresh_model):
     m = fresh_model
     before = wb.counters()["finished_cancelled"]
-    with pytest.raises(KeyError):
-        with wb.stream(m, "Once upon a time", **LONG) as s:
-            next(iter(s))
-            raise KeyError("the consumer failed")
+    with pytest.raises(KeyError), wb.stream(m, "Once upon a time", **LONG) as s:
+        next(iter(s))
+        raise KeyError("the consumer failed")
     assert_cancelled_at_once(m, s.ref, before)
 
 

@@ -1,9 +1,19 @@
 """Option and config validation: unknown key, wrong type and out of range are distinct errors."""
 
+import dataclasses
+import math
+
 import pytest
 
 from workbench.errors import InvalidOption, OptionError, UnknownOption
-from workbench.options import LoadConfig, RequestOptions, build
+from workbench.options import (
+    INT32_MAX,
+    ChatOptions,
+    LoadConfig,
+    RequestOptions,
+    build,
+    check_number,
+)
 
 
 def test_defaults_follow_erllama():
@@ -49,11 +59,6 @@ def test_stop_sequences_accept_one_string():
 
 
 # --- every integer fits what llama.cpp takes; every number is finite ------------------------
-
-import dataclasses  # noqa: E402
-import math  # noqa: E402
-
-from workbench.options import ChatOptions, INT32_MAX, check_number  # noqa: E402
 
 RECORDS = (LoadConfig, RequestOptions, ChatOptions)
 

@@ -123,7 +123,7 @@ def _run_child(model_path: Path, adapter_path: Path | None, settings: dict[str, 
     subject = adapter_path if adapter_path is not None else model_path
     try:
         done = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(spec)], capture_output=True, text=True,
-                              timeout=TIMEOUT_S, env=dict(os.environ, GGML_NO_BACKTRACE="1"))
+                              timeout=TIMEOUT_S, env=dict(os.environ, GGML_NO_BACKTRACE="1"), check=False)
     except subprocess.TimeoutExpired:
         log.warning("probing %s took longer than %g s; loading it unprobed", subject, TIMEOUT_S)
         return None
