@@ -34,6 +34,8 @@ NEW_FINDINGS = {
           "os.fspath in models/files.py check_model_file",
     "N3": "request_info([]) / request_info({}): an unhashable ref raises a bare TypeError (dict lookup in "
           "api.request_info) instead of UnknownRequest / InvalidOption",
+    "N4": "set_adapter_scale(model, [], 1.0) / unload_adapter(model, []): an unhashable adapter id raises "
+          "a bare TypeError instead of InvalidOption",
 }
 
 

@@ -229,7 +229,7 @@ def _api_call():
             + ([3, None] if S.known("N2") else []))),
             st.fixed_dictionaries({}, optional={"scale": S.floats})),
         st.tuples(st.sampled_from(["unload_adapter", "set_adapter_scale"]),
-                  st.tuples(st.just("<model>"), S.weird), st.just({})),
+                  st.tuples(st.just("<model>"), S.weird if S.known("N4") else S.hashable), st.just({})),
     ]
     if S.known(11):
         calls.append(st.tuples(st.just("unpin_row"), st.tuples(st.one_of(S.text, S.weird)), st.just({})))
