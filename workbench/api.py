@@ -304,6 +304,7 @@ def set_adapter_scale(model: str, adapter: int, scale: float) -> None:
 
     eng = _engine(model)
     scale = _scale(scale)
+    check_int("adapter", adapter, 0, None)
     if adapter not in {a.handle for a in eng.adapter_list()}:
         raise InvalidOption("adapter", adapter, "the handle of an attached adapter")
     eng.request_adapters(lambda cur: [dataclasses.replace(a, scale=scale) if a.handle == adapter else a
@@ -366,6 +367,8 @@ def requests() -> list[dict[str, Any]]:
 
 
 def request_info(ref: int) -> dict[str, Any]:
+    """A running or queued request's info; UnknownRequest once it has finished."""
+    check_int("ref", ref, None, None)
     with _lock:
         engines = [e for e in _engines.values() if e is not None]
     for eng in engines:

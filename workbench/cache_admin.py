@@ -24,16 +24,17 @@ def configure_cache(tiers: Sequence[Mapping[str, Any]], policy: Any = "frecency"
     scanned: valid rows from before a restart are adopted, corrupt files removed and counted."""
     if isinstance(tiers, (Mapping, str, bytes)) or not isinstance(tiers, Sequence) or not tiers:
         raise InvalidOption("tiers", tiers, "a non-empty list of tier dicts", "cache")
-    _check_policy("policy", policy)
+    _check_policy("policy", policy, none_ok=False)
     for i, spec in enumerate(tiers):
         if isinstance(spec, Mapping):
             _check_tier_names(f"tiers[{i}].", spec.get("name"), spec.get("policy"))
     return prefix_cache.configure(tiers, policy).info()
 
 
-def _check_policy(key: str, policy: Any) -> None:
-    """An eviction policy the cache can make: a name, a policy class or instance, a function."""
-    if policy is None:
+def _check_policy(key: str, policy: Any, none_ok: bool = True) -> None:
+    """An eviction policy the cache can make: a name, a policy class or instance, a function;
+    None (the tier's or the cache's default) where ``none_ok``."""
+    if policy is None and none_ok:
         return
     try:
         get_policy(policy)

@@ -9,7 +9,7 @@ import math
 import pytest
 
 import workbench as wb
-from workbench.errors import InvalidOption
+from workbench.errors import InvalidOption, ModelFileError, UnknownRequest
 
 pytestmark = pytest.mark.model
 
@@ -71,6 +71,31 @@ def test_adapter_calls(model, tmp_path):
     refused("path", wb.load_adapter, model, 12)
     refused("adapter", wb.unload_adapter, model, "first")
     refused("scale", wb.set_adapter_scale, model, 1, math.inf)
+    for bad in ([], {}, {1}, "first", 1.5, None):              # unhashable ones reached a set lookup
+        e = refused("adapter", wb.set_adapter_scale, model, bad, 1.0)
+        assert repr(bad) in str(e)
+        refused("adapter", wb.unload_adapter, model, bad)
+    refused("adapter", wb.set_adapter_scale, model, 999, 1.0)   # an int that is no attached adapter
+
+
+@pytest.mark.parametrize("bad", ["x" * 5000, "dir/" * 2000 + "a.gguf", "a\x00b.gguf", "\ud800.gguf"])
+def test_unusable_model_paths(model, bad):
+    """A path too long for the file system, with a NUL byte or an unencodable code point is
+    a ModelFileError naming it (it was a bare OSError / ValueError from the stat)."""
+    loaded = [m["model_id"] for m in wb.list_models()]
+    for call in (lambda: wb.load_adapter(model, bad), lambda: wb.load_model(model_path=bad)):
+        with pytest.raises(ModelFileError, match="no such file") as e:
+            call()
+        assert repr(bad)[:40] in str(e.value)
+    assert [m["model_id"] for m in wb.list_models()] == loaded
+
+
+def test_request_refs():
+    for bad in ([], {}, {1}, "1", 1.5, None, True):            # unhashable ones reached a dict lookup
+        e = refused("ref", wb.request_info, bad)
+        assert repr(bad) in str(e)
+    with pytest.raises(UnknownRequest):
+        wb.request_info(10**30)
 
 
 def test_request_numbers(model):
@@ -91,6 +116,7 @@ def test_tier_calls():
     refused("name", wb.add_tier, "ram", name=5)
     refused("policy", wb.add_tier, "ram", name="extra", policy="zzz")
     refused("policy", wb.configure_cache, [{"kind": "ram"}], policy=5)
+    refused("policy", wb.configure_cache, [{"kind": "ram"}], policy=None)  # was a bare TypeError
     refused("tiers[0].policy", wb.configure_cache, [{"kind": "ram", "policy": "zzz"}])
     assert [t["name"] for t in wb.list_tiers()] == before              # nothing half-added
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 import struct
 import threading
 from pathlib import Path
@@ -27,11 +28,17 @@ def check_model_file(path: str | os.PathLike[str]) -> Path:
     """Return the resolved path of a loadable-looking GGUF file or raise ModelFileError."""
     raw = os.fspath(path)
     p = Path(raw).expanduser()
-    if not p.exists():
-        raise ModelFileError(raw, "no such file")
-    if p.is_dir():
+    try:
+        mode = p.stat().st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        raise ModelFileError(raw, "no such file") from None
+    except ValueError as e:  # a NUL byte, a code point the file system encoding cannot write
+        raise ModelFileError(raw, f"no such file (the path cannot name one: {e})") from None
+    except OSError as e:  # a name too long, a loop of links, no permission
+        raise ModelFileError(raw, f"no such file or not reachable ({e.strerror})") from None
+    if stat.S_ISDIR(mode):
         raise ModelFileError(raw, "is a directory, not a GGUF file")
-    if not p.is_file():
+    if not stat.S_ISREG(mode):
         raise ModelFileError(raw, "is not a regular file")
     try:
         with p.open("rb") as fh:
