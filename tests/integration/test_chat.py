@@ -200,9 +200,10 @@ def test_multi_turn_chat_hits_the_prefix_cache_turn_after_turn(model):
     for question in ("And a yellow one?", "And a green one?"):
         msgs = msgs + [prev.message, {"role": "user", "content": question}]
         r = wb.chat(model, msgs, response_tokens=16, cache_scope="chat-turns")
-        assert r.stats.cache_hit_kind == "partial" and r.stats.cache_delta["read"] == 1
+        read = r.stats.cache_delta["read"]
+        assert r.stats.cache_hit_kind == "partial" and read == r.stats.prompt_tokens - r.stats.prefilled_tokens
         # at least the previous turn's prompt (its row ends one token short) came from the cache
-        assert r.stats.prompt_tokens - r.stats.prefilled_tokens >= prev.stats.prompt_tokens - 1
+        assert read >= prev.stats.prompt_tokens - 1
         prev = r
 
 

@@ -41,8 +41,8 @@ def test_warm_restore_is_token_exact_per_tier(model, cache_tiers, kind):
     assert wb.wait_for_saves()                                      # written off the decode path
     assert first.stats.cache_hit_kind == "cold" and first.tokens == cold.tokens
     warm = wb.complete(model, long_prompt, response_tokens=32)
-    assert warm.stats.cache_hit_kind == "exact" and warm.stats.cache_delta["read"] == 1
-    assert warm.stats.prefilled_tokens == 1
+    assert warm.stats.cache_hit_kind == "exact" and warm.stats.prefilled_tokens == 1
+    assert warm.stats.cache_delta["read"] == warm.stats.prompt_tokens - 1  # tokens restored
     assert warm.tokens == cold.tokens                                # the invariant that matters most
     tiers = {t["name"]: t for t in wb.list_tiers()}
     assert tiers[kind]["rows"] >= 2
@@ -84,7 +84,8 @@ def test_parent_key_right_after_the_turn_is_exact(model, cache_tiers):
         r = wb.complete(model, turn, response_tokens=8, cache_scope="agent-loop")
         turn = turn + r.reply + f"<|im_end|>\n<|im_start|>user\nStep {step}: go on.<|im_end|>\n<|im_start|>assistant\n"
         nxt = wb.complete(model, turn, response_tokens=1, parent_key=r.finish_key, cache_scope="agent-loop")
-        assert nxt.stats.cache_hit_kind == "exact" and nxt.stats.cache_delta["read"] == 1
+        assert nxt.stats.cache_hit_kind == "exact"
+        assert nxt.stats.cache_delta["read"] == nxt.stats.prompt_tokens - nxt.stats.prefilled_tokens > 0
 
 
 @pytest.mark.load(cold_checkpoint_interval=128, cold_min_tokens=200, cold_max_tokens=400)

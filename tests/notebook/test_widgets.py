@@ -8,6 +8,7 @@ import io
 import pytest
 
 import workbench as wb
+from workbench.cache import HitKind
 from workbench.engine.events import CompletionResult, Done, Error, Stats, Thinking, ThinkingEnd, Token, TokenId
 from workbench.notebook import transcript, widgets
 from workbench.notebook.results import HIT_COLOURS, Result
@@ -42,15 +43,15 @@ def test_widget_streams_then_shows_hit_kind_and_stats() -> None:
     assert "Hello world" in w.reply.value
     assert "partial" in w.badge.value and HIT_COLOURS["partial"] in w.badge.value
     assert "ttft 42 ms" in w.stats.value and "100.0 tok/s" in w.stats.value
-    assert "cache read 32 / created 1" in w.stats.value and "stop" in w.stats.value
+    assert "cache: 32 tokens read, 1 stored" in w.stats.value and "stop" in w.stats.value
     assert w.box.box_style == "success" and "done" in w.state.value
     assert w.cancel_button.disabled
     assert w.thinking_box.layout.display == "none"  # no thinking events: the block stays hidden
 
 
 def test_each_hit_kind_has_its_own_colour() -> None:
-    assert len(set(HIT_COLOURS.values())) == 4
-    for kind in ("cold", "partial", "exact", "sticky"):
+    assert set(HIT_COLOURS) == {k.value for k in HitKind} and len(set(HIT_COLOURS.values())) == len(HitKind)
+    for kind in HIT_COLOURS:
         w = GenerationWidget()
         feed(w, [done(kind=kind)])
         assert HIT_COLOURS[kind] in w.badge.value and f"wb-hit-{kind}" in w.badge.value
@@ -90,8 +91,8 @@ def test_text_view_says_the_same_things() -> None:
     feed(v, [Thinking("hmm"), ThinkingEnd(""), TokenId(1), Token("Hello"), Token(" world"), done()])
     text = out.getvalue()
     assert text.startswith("[thinking] hmm\n[/thinking]\nHello world\n")
-    assert "[partial] ttft 42 ms · 100.0 tok/s · 40 prompt (8 prefilled) + 3 generated · cache read 32 / " \
-           "created 1 · stop" in text
+    assert "[partial] ttft 42 ms · 100.0 tok/s · 40 prompt (8 prefilled) + 3 generated · cache: 32 tokens " \
+           "read, 1 stored · stop" in text
     out2 = io.StringIO()
     v2 = TextView(out=out2)
     feed(v2, [Token("x"), Error(ValueError("boom"))])
@@ -145,7 +146,7 @@ def test_display_bundle_carries_the_text_too() -> None:
     w = GenerationWidget("m", throttle_s=0.0)
     feed(w, [Thinking("hmm"), ThinkingEnd(""), Token("Hi"), done("Hi", kind="sticky")])
     assert w.as_text() == ("[thinking] hmm\nHi\n[sticky] ttft 42 ms · 100.0 tok/s · 40 prompt (8 prefilled) + "
-                           "3 generated · cache read 32 / created 1 · stop")
+                           "3 generated · cache: 32 tokens read, 1 stored · stop")
     bundle = widgets._Shown(w)._repr_mimebundle_()
     assert bundle["text/plain"] == w.as_text()
     assert bundle["application/vnd.jupyter.widget-view+json"]["model_id"] == w.box.model_id

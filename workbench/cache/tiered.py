@@ -213,15 +213,15 @@ class TieredCache(QueuedSaves):
             match = self._catalog.longest_prefix(keys.digest_of(namespace), raw)
             if match is not None:
                 match = Match(match.key, match.n_tokens, self._stack.top_name(match.key))
-        kind = HitKind.of(0 if match is None else match.n_tokens, len(raw) // 4)
-        self._counters.inc("misses_cold" if kind is HitKind.COLD else f"hits_{kind.value}")
+        self._count_kind(0 if match is None else match.n_tokens, len(raw) // 4)
         self._counters.inc("lookup_ns", time.perf_counter_ns() - start)
         return match
 
     def match_key(self, namespace: CacheNamespace | bytes, tokens: Tokens, key: str) -> Match | None:
         """The row `key` if it exists in `namespace` and its tokens are a prefix of `tokens`
         (a resume from a known key, e.g. a previous turn's finish key: no walk, tokens
-        still compared). Counts nothing."""
+        still compared). A row found counts as an exact hit (`HitKind.of(by_key=True)`); a
+        miss counts nothing (the caller falls back to `lookup`)."""
         raw = keys.token_bytes(tokens)
         ns = keys.digest_of(namespace)
         with self._lock:
@@ -231,7 +231,13 @@ class TieredCache(QueuedSaves):
             row = self._catalog.index.token_bytes(key)
             if not raw.startswith(row):
                 return None
-            return Match(key, len(row) // 4, self._stack.top_name(key))
+            match = Match(key, len(row) // 4, self._stack.top_name(key))
+        self._count_kind(match.n_tokens, len(raw) // 4, by_key=True)
+        return match
+
+    def _count_kind(self, matched: int, prompt_len: int, *, by_key: bool = False) -> None:
+        kind = HitKind.of(matched, prompt_len, by_key=by_key)
+        self._counters.inc("misses_cold" if kind is HitKind.COLD else f"hits_{kind.value}")
 
     def cached_prefix_len(self, namespace: CacheNamespace | bytes, tokens: Tokens) -> int:
         """Length of the longest cached prefix; a probe, so no counters move."""

@@ -42,17 +42,33 @@ class SaveReason(enum.IntEnum):
 
 
 class HitKind(str, enum.Enum):
-    """How much of a prompt a lookup found cached."""
+    """How much of a request's prompt was served from KV computed before: THE definition,
+    used by the engine (Stats.cache_hit_kind, its hits_* counters), `TieredCache.lookup`
+    (its hits_exact / hits_partial / misses_cold) and the eviction lab's replay.
 
-    EXACT = "exact"      # a row covers the whole prompt
-    PARTIAL = "partial"  # a row covers a proper prefix of the prompt
-    COLD = "cold"        # nothing usable is cached
+    A prompt's last token is always decoded again (its logits are sampled from), so a row
+    that holds all of the prompt but its last token is as good as one holding all of it.
+    """
+
+    COLD = "cold"                  # nothing reused
+    PARTIAL = "partial"            # a longest-prefix walk found a row shorter than the prompt
+    EXACT = "exact"                # the row asked for by key (parent_key), or one covering the
+                                   # prompt, all but at most its last token
+    STICKY = "sticky"              # a session's live KV (the longest common prefix with the prompt)
+    CONTINUATION = "continuation"  # continue_session: the new tokens follow the session's KV
 
     @classmethod
-    def of(cls, matched: int, prompt_len: int) -> HitKind:
+    def of(cls, matched: int, prompt_len: int, *, by_key: bool = False) -> HitKind:
+        """The kind of a cached row of `matched` tokens found for a prompt of `prompt_len`;
+        `by_key`: the caller named the row (erllama's token-exact resume from a finish key)."""
         if matched <= 0:
             return cls.COLD
-        return cls.EXACT if matched >= prompt_len else cls.PARTIAL
+        return cls.EXACT if by_key or matched >= prompt_len - 1 else cls.PARTIAL
+
+    @property
+    def counter(self) -> str:
+        """The engine's counter for requests of this kind (hits_cold, hits_exact, ...)."""
+        return f"hits_{self.value}"
 
 
 @dataclass(slots=True, frozen=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..cache import SaveReason
+from ..cache import HitKind, SaveReason
 from .request import Request
 
 
@@ -22,7 +22,7 @@ class CacheSaves:
             points[n - 1] = None
         if not use_cache:
             return sorted(points.items())
-        base = SaveReason.COLD if req.hit_kind == "cold" else SaveReason.CONTINUED
+        base = SaveReason.COLD if req.hit_kind is HitKind.COLD else SaveReason.CONTINUED
         every, lo, hi = self.cfg.cold_checkpoint_interval, self.cfg.cold_min_tokens, self.cfg.cold_max_tokens
         if every:
             # inside the cold_min/cold_max band: each row holds the whole prefix, so an
@@ -45,15 +45,16 @@ class CacheSaves:
     def _save(self, req: Request, tokens: list[int], reason: SaveReason) -> str | None:
         assert self.kvcache is not None and req.seq is not None
         live = req.session is not None and reason is SaveReason.FINISH
-        key = self.kvcache.save(self.ctx, req.seq, tokens, req.opts.cache_scope, reason, sync=req.sync_saves,
-                                live=live)
-        if key is None:
+        saved = self.kvcache.save(self.ctx, req.seq, tokens, req.opts.cache_scope, reason, sync=req.sync_saves,
+                                  live=live)
+        if saved is None:
             self.counters["cache_saves_dropped"] += 1
-        else:
-            req.rows_created += 1
-            if live:
-                self._session_row(req.session, key)
-        return key
+            return None
+        if saved.new:
+            req.stored_upto = max(req.stored_upto, len(tokens))
+        if live:
+            self._session_row(req.session, saved.key)
+        return saved.key
 
     def _session_row(self, sess: Any, key: str | None) -> None:
         """The session's newest row is the live one (what its next turn restores from if its

@@ -27,7 +27,7 @@ from ..errors import (ContextOverflow, EngineStopped, InvalidOption, LoadError, 
 from ..models import check_model_file, fingerprint
 from ..models.probe import probe
 from ..options import LoadConfig, RequestOptions
-from ..cache import SaveReason
+from ..cache import HitKind, SaveReason
 from .grammars import GrammarCache, grammar_dead_end
 from .prefix_cache import EngineCache
 from .request import Request, next_ref
@@ -39,8 +39,8 @@ from .session_ops import COMMAND_TIMEOUT_S, SessionOps
 from .sessions import SessionTable, common_prefix
 
 COUNTER_NAMES = ("decode_calls", "decoded_tokens", "decode_aborted", "decode_timeouts", "finished_stop",
-                 "finished_length", "finished_cancelled", "hits_cold", "hits_sticky", "hits_partial",
-                 "hits_exact", "sessions_reclaimed", "sessions_reset", "cache_restore_failed",
+                 "finished_length", "finished_cancelled", *(kind.counter for kind in HitKind),
+                 "sessions_reclaimed", "sessions_reset", "cache_restore_failed", "cache_seq_not_cleared",
                  "cache_saves_dropped", "cache_evicted_sessions", "adapter_changes")
 
 
@@ -143,6 +143,7 @@ class Engine(SessionOps, AdapterOps, CacheSaves, Recovery):
                     raise QueueFull(self.model_id, self.cfg.max_queue)
             req = Request(ref=next_ref(), model_id=self.model_id, prompt=list(prompt), opts=opts, seed=seed)
             req.grammar = grammar
+            req.continues = continue_session
             req.reasoning_budget = self._reasoning_budget(opts, req.prompt)
             req.special = self._special_ids(opts.render_special)
             req.sync_saves = sync_saves
@@ -406,14 +407,15 @@ class Engine(SessionOps, AdapterOps, CacheSaves, Recovery):
         # keep the longest common prefix of what the sequence holds; at least one prompt
         # token must be decoded again to get logits to sample from
         reuse = min(common_prefix(req.kv_tokens, req.prompt), len(req.prompt) - 1)
-        req.hit_kind = "sticky" if reuse > 0 else "cold"
+        if reuse > 0:
+            req.hit_kind = HitKind.CONTINUATION if req.continues else HitKind.STICKY
         use_cache = self.kvcache is not None and req.opts.cache
         if reuse == 0 and use_cache and len(req.prompt) > 1:
             restored = self.kvcache.restore(self.ctx, req.seq, req.prompt, req.opts.cache_scope,
                                             req.opts.parent_key)
             if restored is not None:
                 reuse = min(restored.n_tokens, len(req.prompt) - 1)
-                req.hit_kind, req.rows_read = restored.kind, 1
+                req.hit_kind = restored.kind
                 if restored.n_tokens == len(req.prompt) - 1:
                     req.prompt_key = restored.key
         self.ctx.seq_rm(req.seq, reuse, -1)
@@ -423,8 +425,8 @@ class Engine(SessionOps, AdapterOps, CacheSaves, Recovery):
         req.boundaries = self._save_points(req, use_cache)
         req.admitted_at = time.perf_counter()
         req.phase = "prefilling"
-        self.counters[f"hits_{req.hit_kind}"] += 1
-        self.last_hit = {"ref": req.ref, "kind": req.hit_kind, "reused_tokens": reuse,
+        self.counters[req.hit_kind.counter] += 1
+        self.last_hit = {"ref": req.ref, "kind": req.hit_kind.value, "reused_tokens": reuse,
                          "prompt_tokens": len(req.prompt), "session_id": req.opts.session_id}
 
     # --- per token -----------------------------------------------------------------------

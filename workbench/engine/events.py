@@ -17,9 +17,12 @@ FinishReason = Literal["stop", "length", "cancelled"]
 class Stats:
     """Numbers of one finished request; times in seconds, rates in tokens/s.
 
-    ``cache_hit_kind``: cold (nothing reused), sticky (a session's live KV), partial (a
-    cached row covering part of the prompt), exact (a row covering the whole prompt, or a
-    ``parent_key`` resume). ``cache_delta``: rows read from / written to the prefix cache.
+    ``cache_hit_kind``: a ``workbench.cache.HitKind`` value: cold (nothing reused), sticky
+    (a session's live KV), continuation (``continue_session``), partial (a cached row
+    covering part of the prompt), exact (a row covering the prompt but at most its last
+    token, or the ``parent_key`` row). ``cache_delta``, in tokens: ``read`` = prompt tokens
+    whose KV was reused (restored or live: prompt_tokens - prefilled_tokens), ``created`` =
+    tokens this request added to the cache beyond those (its longest newly stored row).
     """
 
     prompt_tokens: int

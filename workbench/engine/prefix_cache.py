@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import _native
-from ..cache import (CacheNamespace, CorruptReason, DiskTier, RamTier, SaveReason, ShmTier, Tier, TieredCache,
-                     row_key)
+from ..cache import (CacheNamespace, CorruptReason, DiskTier, HitKind, RamTier, SaveReason, ShmTier, Tier,
+                     TieredCache, row_key)
 from ..errors import InvalidOption
 
 DEFAULT_RAM_BUDGET = 1 << 30
@@ -126,9 +126,15 @@ def clear_sequence(ctx: Any, seq: int) -> bool:
 @dataclass(slots=True, frozen=True)
 class Restored:
     n_tokens: int
-    kind: str           # exact | partial
+    kind: HitKind       # exact | partial
     key: str
     tier: str | None
+
+
+@dataclass(slots=True, frozen=True)
+class Saved:
+    key: str
+    new: bool           # False: the row was cached already, nothing was stored
 
 
 class EngineCache:
@@ -171,13 +177,10 @@ class EngineCache:
         ns = self.namespace(scope)
         # a row the writer pool has not stored yet (the previous turn's finish row, say)
         cache.wait_for_queued(ns, prompt, parent_key)
-        match, kind = None, "partial"
-        if parent_key is not None:
-            match, kind = cache.match_key(ns, prompt, parent_key), "exact"
+        match = cache.match_key(ns, prompt, parent_key) if parent_key is not None else None
+        by_key = match is not None
         if match is None:
             match = cache.lookup(ns, prompt)
-            # exact: everything but the last prompt token, which is always decoded alone
-            kind = "exact" if match is not None and match.n_tokens >= len(prompt) - 1 else "partial"
         if match is None:
             return None
         payload = cache.get(match.key, max_payload=self.max_state_bytes(match.n_tokens))
@@ -196,6 +199,7 @@ class EngineCache:
             cache.reject(match.key, CorruptReason.BAD_STATE)
             self.counters["cache_restore_failed"] += 1
             return None
+        kind = HitKind.of(match.n_tokens, len(prompt), by_key=by_key)
         return Restored(match.n_tokens, kind, match.key, match.tier)
 
     def max_state_bytes(self, n_tokens: int) -> int | None:
@@ -209,9 +213,9 @@ class EngineCache:
         return row_key(self.namespace(scope).digest(), tokens)
 
     def save(self, ctx: Any, seq: int, tokens: list[int], scope: str, reason: SaveReason, *,
-             sync: bool = False, live: bool = False) -> str | None:
-        """Save the KV of ``seq`` (which holds exactly ``tokens``); returns the row key, or None
-        when the save was dropped or failed. A row already cached is not copied again.
+             sync: bool = False, live: bool = False) -> Saved | None:
+        """Save the KV of ``seq`` (which holds exactly ``tokens``); None when the save was
+        dropped or failed. A row already cached is not copied again (``Saved.new`` False).
         ``live``: the row is a live session's KV (evicted only when nothing else frees enough)."""
         cache = self.cache
         ns = self.namespace(scope)
@@ -221,13 +225,14 @@ class EngineCache:
                 cache.pin(key)
             if live:
                 cache.set_live(key)
-            return key
+            return Saved(key, new=False)
         start = time.perf_counter_ns()
         payload = ctx.state_seq_get(seq)
         cache.record_ns("pack_ns", time.perf_counter_ns() - start)
         if sync:
-            return cache.put(ns, tokens, payload, reason, live=live)
-        return key if cache.put_async(ns, tokens, payload, reason, live=live) else None
+            stored = cache.put(ns, tokens, payload, reason, live=live)
+            return None if stored is None else Saved(stored, new=True)
+        return Saved(key, new=True) if cache.put_async(ns, tokens, payload, reason, live=live) else None
 
     def set_live(self, key: str | None, live: bool) -> None:
         if key is not None:

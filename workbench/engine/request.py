@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..cache import HitKind
 from ..options import RequestOptions
 from .events import Done, Error, Event, FinishReason, Stats, Token, TokenId
 from .text import ReplyText
@@ -54,10 +55,10 @@ class Request:
     session: Any = None              # sessions.Session when session_id was given
     kv_tokens: list[int] = field(default_factory=list)  # live KV the sequence held at admission
     reused: int = 0                  # prompt tokens not prefilled (found in the KV / cache)
-    hit_kind: str = "cold"
+    continues: bool = False          # continue_session: the prompt extends the session's KV
+    hit_kind: HitKind = HitKind.COLD
     boundaries: list[tuple[int, Any]] = field(default_factory=list)  # (position, SaveReason) ahead
-    rows_read: int = 0
-    rows_created: int = 0
+    stored_upto: int = 0             # tokens of the longest row this request stored anew
     prompt_key: str | None = None    # row of exactly the prompt, when cached
     finish_key: str | None = None
     sync_saves: bool = False         # prefill_only: rows are stored before the request ends
@@ -115,9 +116,15 @@ class Request:
             total_s=now - self.submitted_at,
             queued_s=((self.admitted_at or now) - self.submitted_at),
             seed=self.seed,
-            cache_hit_kind=self.hit_kind,
-            cache_delta={"read": self.rows_read, "created": self.rows_created},
+            cache_hit_kind=self.hit_kind.value,
+            cache_delta=self.cache_delta(),
         )
+
+    def cache_delta(self) -> dict[str, int]:
+        """In tokens: `read`, the prompt tokens whose KV was reused (restored from a row or
+        kept from the session's live KV: prompt_tokens - prefilled_tokens); `created`, the
+        tokens this request added to the cache beyond those (the longest row it stored)."""
+        return {"read": self.reused, "created": max(0, self.stored_upto - self.reused)}
 
     @property
     def boundary(self) -> int | None:
@@ -132,7 +139,7 @@ class Request:
             "phase": self.phase,
             "seq": self.seq,
             "session_id": self.opts.session_id,
-            "cache_hit_kind": self.hit_kind,
+            "cache_hit_kind": self.hit_kind.value,
             "prompt_tokens": len(self.prompt),
             "generated_tokens": len(self.generated),
             "age_s": time.perf_counter() - self.submitted_at,

@@ -72,10 +72,10 @@ class SessionOps:
             idle = self.sessions.idle_pinned()
         for sess in idle:
             if self.kvcache is not None and sess.tokens and time.monotonic() < deadline:
-                key = self.kvcache.save(self.ctx, sess.seq, sess.tokens, sess.scope, reason, sync=True, live=True)
-                if key:
+                row = self.kvcache.save(self.ctx, sess.seq, sess.tokens, sess.scope, reason, sync=True, live=True)
+                if row is not None:
                     saved += 1
-                    self._session_row(sess, key)
+                    self._session_row(sess, row.key)
             self._free_session_seq(sess)
             self.counters["cache_evicted_sessions"] += 1
         return saved

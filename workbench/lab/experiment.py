@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from workbench.cache.policies import EvictionPolicy, PolicySpec, get_policy
+from workbench.cache.types import HitKind
 from workbench.lab.plan import SAVE_KINDS, Plan, build_plan, check_saves, run_plan
 from workbench.lab.simcache import ranking_mode
 from workbench.lab.traces import Trace
@@ -228,7 +229,6 @@ def measure(trace: Trace, model: str, *, response_tokens: int = 4, sessions: boo
     import pandas as pd
 
     import workbench as wb
-    from workbench.notebook.views import HIT_KINDS
     from workbench.options import RequestOptions, option_names
 
     run = complete or wb.complete
@@ -264,7 +264,8 @@ def measure(trace: Trace, model: str, *, response_tokens: int = 4, sessions: boo
                                      "prefill_tokens_saved", "cache_hit_kind", "ttft_s"])
     return df.astype({"request": "int64", "session": "Int64", "prompt_tokens": "int64",
                       "prefilled_tokens": "int64", "prefill_tokens_saved": "int64",
-                      "cache_hit_kind": pd.CategoricalDtype(HIT_KINDS), "ttft_s": "float64"}).set_index("request")
+                      "cache_hit_kind": pd.CategoricalDtype([k.value for k in HitKind]),
+                      "ttft_s": "float64"}).set_index("request")
 
 
 def _add_measured(df: Any, trace: Trace, model: str, response_tokens: int, sessions: bool,
@@ -278,8 +279,8 @@ def _add_measured(df: Any, trace: Trace, model: str, response_tokens: int, sessi
     df["measured_hit_ratio"] = float((m["cache_hit_kind"] != "cold").mean()) if len(m) else 0.0
     df["measured_prefill_tokens_saved"] = saved
     df["measured_prefill_saved_fraction"] = saved / total if total else 0.0
-    for kind in ("exact", "partial", "sticky", "cold"):
-        df[f"measured_{kind}"] = int((m["cache_hit_kind"] == kind).sum())
+    for kind in HitKind:
+        df[f"measured_{kind.value}"] = int((m["cache_hit_kind"] == kind.value).sum())
     sim = pd.DataFrame(per_request, columns=["request", "policy", "size_bytes", "sim_hit_kind",
                                              "sim_prefill_tokens_saved"])
     measured = m[["cache_hit_kind", "prefill_tokens_saved"]].rename(columns={

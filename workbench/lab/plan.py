@@ -45,7 +45,7 @@ from typing import Any
 
 from workbench.cache.keys import CacheNamespace, row_key_from_bytes
 from workbench.cache.policies import EvictionPolicy
-from workbench.cache.types import SaveReason
+from workbench.cache.types import HitKind, SaveReason
 from workbench.lab.simcache import SimCache
 from workbench.lab.traces import Trace
 
@@ -264,10 +264,11 @@ def run_plan(plan: Plan, policy: EvictionPolicy, size_bytes: int, bytes_per_toke
         else:
             matched = hit.n_tokens
             sim.hit(hit, now)
-            if matched >= plen - 1:
-                exact += 1
-            else:
-                partial += 1
+        hit_kind = HitKind.of(matched, plen)
+        if hit_kind is HitKind.EXACT:
+            exact += 1
+        elif hit_kind is HitKind.PARTIAL:
+            partial += 1
         start = min(matched, plen - 1)
         matched_total += matched
         saved += start
@@ -284,7 +285,7 @@ def run_plan(plan: Plan, policy: EvictionPolicy, size_bytes: int, bytes_per_toke
         if fin is not None:
             sim.put(fin[0], ns, fin[1], fin[2], fin[2] * bpt, SaveReason.FINISH, now)
         if record:
-            per_request.append(("cold" if not matched else "exact" if matched >= plen - 1 else "partial", start))
+            per_request.append((hit_kind.value, start))
         if timeline_every and ((i + 1) % timeline_every == 0 or i + 1 == n):
             timeline.append((i + 1, now, sim.used_bytes, len(sim), sim.evictions, exact + partial, misses))
     total_prompt = sum(plens)

@@ -10,14 +10,15 @@ from typing import Any
 
 from workbench.engine.events import CompletionResult, Stats
 
-HIT_COLOURS = {"cold": "#6c757d", "partial": "#fd7e14", "exact": "#198754", "sticky": "#0d6efd"}
+HIT_COLOURS = {"cold": "#6c757d", "partial": "#fd7e14", "exact": "#198754", "sticky": "#0d6efd",
+               "continuation": "#6f42c1"}
 STATE_COLOURS = {"running": "#0d6efd", "done": "#198754", "cancelled": "#fd7e14", "error": "#dc3545"}
 UNKNOWN_COLOUR = "#adb5bd"
 
 
 def stats_line(stats: Stats | None, finish_reason: str | None = None) -> str:
-    """'ttft 41 ms · 88.2 tok/s · 12 prompt (3 prefilled) + 32 generated · cache read 9 /
-    created 0 · stop' (parts without data are left out)."""
+    """'ttft 41 ms · 88.2 tok/s · 12 prompt (3 prefilled) + 32 generated · cache: 9 tokens
+    read, 34 stored · stop' (parts without data are left out; cache counts are tokens)."""
     parts: list[str] = []
     if stats is not None:
         if stats.ttft_s is not None:
@@ -27,7 +28,7 @@ def stats_line(stats: Stats | None, finish_reason: str | None = None) -> str:
         parts.append(f"{stats.prompt_tokens} prompt ({stats.prefilled_tokens} prefilled) + "
                      f"{stats.generated_tokens} generated")
         delta = stats.cache_delta or {}
-        parts.append(f"cache read {delta.get('read', 0)} / created {delta.get('created', 0)}")
+        parts.append(f"cache: {delta.get('read', 0)} tokens read, {delta.get('created', 0)} stored")
     if finish_reason:
         parts.append(finish_reason)
     return " · ".join(parts)

@@ -14,9 +14,9 @@ from typing import Any
 import pandas as pd
 
 import workbench as wb
-from workbench.cache import TieredCache
+from workbench.cache import HitKind, TieredCache
 
-HIT_KINDS = ("cold", "partial", "exact", "sticky")
+HIT_KINDS = tuple(kind.value for kind in HitKind)  # the categories of cache_hit_kind columns
 PHASES = ("queued", "prefilling", "generating", "done")
 
 

@@ -1,7 +1,7 @@
 """Live views of one generation: an ipywidgets panel, or plain text where widgets cannot
 show (terminal IPython, nbval, no ipywidgets). Both are fed the same stream events and
 say the same things: the reply as it streams, a thinking block, the cache hit kind, a
-stats line (ttft, tokens/s, cache read/created, finish reason), and the final state
+stats line (ttft, tokens/s, cache tokens read/stored, finish reason), and the final state
 (done, cancelled, error).
 
 The widget follows tqdm.notebook: it is built and displayed once, then only traits change
