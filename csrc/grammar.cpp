@@ -4,6 +4,9 @@
 
 #include "json-schema-to-grammar.h"
 #include "json.h"
+// llama.cpp's own grammar parser and match stacks (its internal API, as its tests use it; the
+// tree is pinned): the stack bound below counts what llama.cpp itself builds.
+#include "../vendor/llama.cpp/src/llama-grammar.h"
 
 #include <algorithm>
 #include <cmath>
@@ -106,6 +109,150 @@ static void check_grammar_size(const std::string & text) {
     }
 }
 
+// llama.cpp matches a grammar by keeping every parse stack the text so far allows; each
+// token costs stacks x vocabulary, and a stack advanced past a character is expanded into
+// every stack its rule references can begin (llama_grammar_advance_stack). Nested or
+// ambiguous repetitions ('root ::= sub{0,100}', 'sub ::= "a"{0,100}') make both grow with
+// the product of the counts: 1.3 s a token at 100, 27 s at 200. Normal grammars (llama.cpp's
+// grammars/, the converter's schemas, 20 optional properties) peak at 25 of either.
+static constexpr uint64_t MAX_GRAMMAR_EXPANSION = 256;  // stacks one position can begin
+static constexpr size_t MAX_GRAMMAR_STACKS = 256;       // stacks alive along the probed text
+static constexpr int STACK_PROBE_CHARS = 64;             // characters the probe follows
+
+// How many stacks each rule can begin (paths through its nullable prefixes), and the most
+// any position of any rule can; over llama.cpp's parsed rules, saturating.
+class Expansion {
+public:
+    explicit Expansion(const llama_grammar_rules & rules)
+        : rules_(rules), begins_(rules.size()), state_(rules.size()), nullable_(rules.size()) {}
+
+    // The most stacks one position expands into; 0 for a left-recursive grammar (llama.cpp
+    // refuses it with its own message).
+    uint64_t worst() {
+        for (uint32_t id = 0; id < rules_.size(); ++id) visit(id);
+        if (cycle_) return 0;
+        uint64_t most = 0;
+        bool nullable = false;
+        for (const auto & rule : rules_) {
+            for (size_t i = 0; i < rule.size(); ++i) most = std::max(most, from(rule, i, nullable));
+        }
+        return most;
+    }
+
+private:
+    static uint64_t add(uint64_t a, uint64_t b) { return a > UINT64_MAX - b ? UINT64_MAX : a + b; }
+    static bool ends(const llama_grammar_element & e) { return e.type == LLAMA_GRETYPE_END || e.type == LLAMA_GRETYPE_ALT; }
+    static bool matches(const llama_grammar_element & e) {
+        return e.type == LLAMA_GRETYPE_CHAR || e.type == LLAMA_GRETYPE_CHAR_NOT || e.type == LLAMA_GRETYPE_CHAR_ANY ||
+               e.type == LLAMA_GRETYPE_TOKEN || e.type == LLAMA_GRETYPE_TOKEN_NOT;
+    }
+
+    // Stacks begun from element i to the end of its alternative; nullable: all of it may be empty.
+    uint64_t from(const llama_grammar_rule & rule, size_t i, bool & nullable) {
+        uint64_t total = 0;
+        nullable = false;
+        for (; i < rule.size() && !ends(rule[i]); ++i) {
+            const llama_grammar_element & e = rule[i];
+            if (matches(e)) return add(total, 1);
+            if (e.type != LLAMA_GRETYPE_RULE_REF) continue;  // the rest of a character class
+            if (e.value >= rules_.size()) return total;
+            visit(e.value);
+            total = add(total, begins_[e.value]);
+            if (!nullable_[e.value]) return total;
+        }
+        nullable = true;
+        return total;
+    }
+
+    void visit(uint32_t id) {
+        if (state_[id] != 0) {
+            cycle_ = cycle_ || state_[id] == 1;
+            return;
+        }
+        state_[id] = 1;
+        const llama_grammar_rule & rule = rules_[id];
+        for (size_t start = 0; start < rule.size();) {
+            bool nullable = false;
+            begins_[id] = add(begins_[id], from(rule, start, nullable));
+            nullable_[id] = nullable_[id] || nullable;
+            while (start < rule.size() && !ends(rule[start])) ++start;
+            if (start >= rule.size() || rule[start].type == LLAMA_GRETYPE_END) break;
+            ++start;
+        }
+        state_[id] = 2;
+    }
+
+    const llama_grammar_rules & rules_;
+    std::vector<uint64_t> begins_;
+    std::vector<char> state_, nullable_;  // state: 0 unseen, 1 in progress, 2 done
+    bool cycle_ = false;
+};
+
+// Characters the stacks' tops name (first and last of each range), at most 64.
+static std::vector<uint32_t> probe_chars(const llama_grammar_stacks & stacks) {
+    std::vector<uint32_t> chars;
+    for (const auto & stack : stacks) {
+        if (stack.empty() || stack.back()->type != LLAMA_GRETYPE_CHAR) continue;
+        for (const llama_grammar_element * e = stack.back(); chars.size() < 64; ++e) {
+            if (e != stack.back() && e->type != LLAMA_GRETYPE_CHAR_ALT && e->type != LLAMA_GRETYPE_CHAR_RNG_UPPER) break;
+            if (std::find(chars.begin(), chars.end(), e->value) == chars.end()) chars.push_back(e->value);
+        }
+    }
+    return chars;
+}
+
+// Follows the text that keeps the most stacks alive, a character at a time, from the start;
+// returns the most stacks seen (stops past the bound).
+static size_t probe_stacks(llama_grammar & g) {
+    size_t most = g.stacks.size();
+    for (int step = 0; step < STACK_PROBE_CHARS && most <= MAX_GRAMMAR_STACKS; ++step) {
+        const llama_grammar_stacks before = g.stacks;
+        size_t best = 0;
+        uint32_t best_chr = 0;
+        for (uint32_t chr : probe_chars(before)) {
+            llama_grammar_accept(&g, chr);
+            if (g.stacks.size() > best) best = g.stacks.size(), best_chr = chr;
+            g.stacks = before;
+        }
+        if (best == 0) break;
+        llama_grammar_accept(&g, best_chr);
+        most = std::max(most, best);
+    }
+    return most;
+}
+
+// Refuses a grammar whose match stacks would make every token slow, before llama.cpp builds
+// them for the sampler. Grammars llama.cpp cannot parse are left to its own message.
+static void check_grammar_stacks(const llama_vocab * vocab, const std::string & text, const std::string & root) {
+    std::string why;
+    {
+        py::gil_scoped_release release;
+        try {
+            llama_grammar_parser parser(vocab);
+            if (!parser.parse(text.c_str()) || parser.rules.empty()) return;
+            const uint64_t worst = Expansion(parser.rules).worst();
+            if (worst > MAX_GRAMMAR_EXPANSION) {
+                why = "one position expands into " + (worst == UINT64_MAX ? std::string("2^64 or more") : std::to_string(worst)) +
+                      " match stacks; at most " + std::to_string(MAX_GRAMMAR_EXPANSION);
+            } else if (std::unique_ptr<llama_grammar, decltype(&llama_grammar_free_impl)> g{
+                           llama_grammar_init_impl(vocab, text.c_str(), root.c_str(), false, nullptr, 0, nullptr, 0),
+                           &llama_grammar_free_impl}) {
+                const size_t most = probe_stacks(*g);
+                if (most > MAX_GRAMMAR_STACKS) {
+                    why = "matching its first characters keeps " + std::to_string(most) + " match stacks alive; at most " +
+                          std::to_string(MAX_GRAMMAR_STACKS);
+                }
+            }
+        } catch (const std::exception &) {
+            return;  // llama.cpp's parser reports it next
+        }
+    }
+    if (!why.empty()) {
+        throw py::value_error("option grammar: " + why + " (nested or ambiguous repetitions such as '(\"a\"{0,n}){0,n}' "
+                              "make llama.cpp's matcher slow at every token)");
+    }
+}
+
 size_t viable_tokens(llama_sampler * grammar, const llama_vocab * vocab, std::vector<llama_token_data> & cur) {
     const int n_vocab = llama_vocab_n_tokens(vocab);
     cur.resize(n_vocab);
@@ -142,6 +289,7 @@ Grammar::Grammar(std::shared_ptr<Model> model_, const std::string & text_, const
     if (text.empty()) throw py::value_error("option grammar: empty grammar");
     check_grammar_size(text);
     const llama_vocab * vocab = model->vocab();
+    check_grammar_stacks(vocab, text, root);
     {
         py::gil_scoped_release release;
         clear_recent_log();

@@ -62,6 +62,19 @@ CHILD = textwrap.dedent(r'''
     # large counts: llama.cpp's own caps refuse or bound them
     attempt("huge_min_length", schema({"type": "string", "minLength": 10**9}))
     attempt("huge_max_repeat", grammar('root ::= "a"{0,100000000}'))
+    # nested repetitions: llama.cpp's match stacks grow with the product of the counts
+    import time
+    for name, fn in [("nested_gbnf_100", grammar('root ::= sub{0,100}\nsub ::= "a"{0,100}\n')),
+                     ("nested_gbnf_200", grammar('root ::= sub{0,200}\nsub ::= "a"{0,200}\n')),
+                     ("nested_after_prefix", grammar('root ::= "xyz" sub{0,100}\nsub ::= "a"{0,100}\n')),
+                     ("nested_three_levels", grammar('root ::= b{0,20}\nb ::= c{0,20}\nc ::= "a"{0,20}\n')),
+                     ("doubling_rules", grammar("root ::= r30\nr0 ::= \"a\"?\n" + "".join(
+                         f"r{i} ::= r{i - 1} r{i - 1}\n" for i in range(1, 31)))),
+                     ("nested_pattern", schema({"type": "string", "pattern": "^(a{0,1000}){0,1000}$"})),
+                     ("small_nested_pattern", schema({"type": "string", "pattern": "^(a{0,10}){0,10}$"}))]:
+        started = time.perf_counter()
+        attempt(name, fn)
+        out[name].append(time.perf_counter() - started)
     # lone surrogates, wherever a string crosses into native code
     attempt("surrogate_prompt", lambda: wb.complete(m, "ab\ud800", response_tokens=1))
     attempt("surrogate_tokenize", lambda: wb.tokenize(m, "\udfff"))
@@ -114,6 +127,22 @@ def test_a_repetition_with_min_above_max_is_refused(outcome, case, key, bound):
 @pytest.mark.parametrize("case", ["braces_in_text", "data_not_schema", "huge_max_repeat"])
 def test_braces_that_are_not_bad_repetitions_pass(outcome, case):
     assert outcome[case][0] == "ok"
+
+
+@pytest.mark.parametrize("case,key", [("nested_gbnf_100", "grammar"), ("nested_gbnf_200", "grammar"),
+                                      ("nested_after_prefix", "grammar"), ("nested_three_levels", "grammar"),
+                                      ("doubling_rules", "grammar"), ("nested_pattern", "json_schema")])
+def test_nested_repetitions_are_refused_at_once(outcome, case, key):
+    """These took 1.7 s (n=100), 36 s (n=200) and over 30 s (the pattern) in llama.cpp's matcher."""
+    kind, got_key, message, seconds = outcome[case]
+    assert (kind, got_key) == ("InvalidOption", key)
+    assert "match stacks" in message and "at most 256" in message
+    assert seconds < 1.0
+
+
+def test_a_small_nested_repetition_still_generates(outcome):
+    kind, _finish, seconds = outcome["small_nested_pattern"]
+    assert kind == "ok" and seconds < 5.0
 
 
 def test_a_huge_repetition_is_refused_by_llama_cpp_cleanly(outcome):
