@@ -1,4 +1,4 @@
-"""The public calls, over a registry of loaded models (model id -> Engine).
+"""The public calls, over the registry of loaded models (workbench/registry.py).
 
 Thin by design: validate, look the engine up, delegate. Every per-model call raises
 NotLoaded for an id that is not loaded.
@@ -8,18 +8,18 @@ from __future__ import annotations
 
 import itertools
 import os
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .engine import prefix_cache
-from .engine.engine import Engine, model_id_for
+from . import registry
+from .cache.shared import shared_cache
+from .engine.engine import Engine
 from .engine.events import CompletionResult
 from .engine.stream import Stream
 from .engine.tokens import tokenize_within
 from . import _native
-from .errors import (AlreadyLoaded, EmptyPrompt, InvalidOption, ModelFileError, NotLoaded, UnknownOption,
+from .errors import (EmptyPrompt, InvalidOption, ModelFileError, UnknownOption,
                      UnknownRequest)
 from .models import fetch_default_model
 from .cache import SaveReason
@@ -29,21 +29,8 @@ from . import chat as _chat
 from . import embed as _embed
 from .chat import ChatResult, ChatStream, RenderedChat
 
-_lock = threading.Lock()
-_engines: dict[str, Engine] = {}
 # called with the Engine before it stops: free per-model native state that borrows the model
 _on_unload: list[Callable[[Engine], None]] = []
-
-
-def _engine(model: Any) -> Engine:
-    if isinstance(model, Engine):
-        model = model.model_id
-    with _lock:
-        eng = _engines.get(model) if isinstance(model, str) else None
-    if eng is None:
-        raise NotLoaded(model)
-    return eng
-
 
 # --- models ------------------------------------------------------------------------------
 
@@ -57,27 +44,20 @@ def load_model(config: Mapping[str, Any] | None = None, /, **kwargs: Any) -> str
         raise InvalidOption("config", config, "a dict of load options", "config")
     cfg = build(LoadConfig, config, "config", **kwargs)
     path = Path(cfg.model_path).expanduser() if cfg.model_path is not None else fetch_default_model()
-    with _lock:
-        if cfg.model_id is not None and cfg.model_id in _engines:
-            raise AlreadyLoaded(cfg.model_id)
-        model_id = cfg.model_id or model_id_for(path, set(_engines))
-        _engines[model_id] = None  # type: ignore[assignment]  # reserve the id while loading
+    model_id = registry.reserve(cfg.model_id, path)
     try:
         engine = Engine.load(model_id, path, cfg)
     except BaseException:
-        with _lock:
-            _engines.pop(model_id, None)
+        registry.release(model_id)
         raise
-    with _lock:
-        _engines[model_id] = engine
+    registry.commit(model_id, engine)
     return model_id
 
 
 def unload(model: str) -> None:
     """Stop the model's loop (queued and running requests end with an Error) and free it."""
-    eng = _engine(model)
-    with _lock:
-        _engines.pop(eng.model_id, None)
+    eng = registry.get(model)
+    registry.release(eng.model_id)
     try:
         for hook in list(_on_unload):
             hook(eng)
@@ -86,13 +66,12 @@ def unload(model: str) -> None:
 
 
 def list_models() -> list[dict[str, Any]]:
-    with _lock:
-        engines = [e for e in _engines.values() if e is not None]
+    engines = registry.engines()
     return [e.info() for e in engines]
 
 
 def model_info(model: str) -> dict[str, Any]:
-    return _engine(model).info()
+    return registry.get(model).info()
 
 
 # --- tokens ------------------------------------------------------------------------------
@@ -103,14 +82,14 @@ def tokenize(model: str, text: str, add_special: bool = True, parse_special: boo
         raise InvalidOption("text", text, "a string")
     check_bool("add_special", add_special)
     check_bool("parse_special", parse_special)
-    eng = _engine(model)
+    eng = registry.get(model)
     limit = max(eng.ctx.n_ctx, eng.model.n_ctx_train)
     return tokenize_within(eng.model, text, add_special, parse_special, limit, "the model's trained context")
 
 
 def detokenize(model: str, tokens: Sequence[int], remove_special: bool = False,
                unparse_special: bool = False) -> str:
-    eng = _engine(model)
+    eng = registry.get(model)
     ids = _token_list(eng, tokens, "tokens")
     check_bool("remove_special", remove_special)
     check_bool("unparse_special", unparse_special)
@@ -146,7 +125,7 @@ def _prompt_tokens(eng: Engine, prompt: Any, opts: RequestOptions) -> list[int]:
 
 def stream(model: str, prompt: str | Sequence[int], **opts: Any) -> Stream:
     """Start a request; iterate the returned Stream (or ``async for``) for typed events."""
-    eng = _engine(model)
+    eng = registry.get(model)
     ropts = build(RequestOptions, opts)
     tokens = _prompt_tokens(eng, prompt, ropts)
     return Stream(eng, eng.submit(tokens, ropts))
@@ -181,7 +160,7 @@ def continue_session(model: str, session_id: str | int, tokens: Sequence[int], *
     ``expect_committed`` (the caller's view of the stored tokens) a mismatch raises
     TranscriptMismatch and leaves the session intact.
     """
-    eng = _engine(model)
+    eng = registry.get(model)
     check_session_id("session_id", session_id)
     check_bool("stream", stream)
     ropts = build(RequestOptions, opts, session_id=session_id)
@@ -196,7 +175,7 @@ def continue_session(model: str, session_id: str | int, tokens: Sequence[int], *
 def end_session(model: str, session_id: str | int, cache_scope: str = "default") -> None:
     """Release a session's sequence. NoSession if this scope holds no such session,
     SessionBusy while a request runs on it."""
-    eng = _engine(model)
+    eng = registry.get(model)
     eng.end_session(*_session_key(session_id, cache_scope))
 
 
@@ -207,13 +186,13 @@ def reset_session(model: str, session_id: str | int, cache_scope: str = "default
     while the loop is busy (a running decode is interrupted), TimeoutError if the loop does
     not answer within 5 s.
     """
-    eng = _engine(model)
+    eng = registry.get(model)
     return eng.reset_session(*_session_key(session_id, cache_scope))
 
 
 def sessions(model: str, cache_scope: str | None = None) -> list[dict[str, Any]]:
     """The model's sessions (every scope), or those of ``cache_scope``."""
-    eng = _engine(model)
+    eng = registry.get(model)
     if cache_scope is not None:
         check_scope("cache_scope", cache_scope)
     return eng.session_info(cache_scope)
@@ -232,7 +211,7 @@ def prefill_only(model: str, prompt: str | Sequence[int], **opts: Any) -> Comple
     """
     if "response_tokens" in opts:
         raise UnknownOption("response_tokens", [n for n in option_names(RequestOptions) if n != "response_tokens"])
-    eng = _engine(model)
+    eng = registry.get(model)
     ropts = build(RequestOptions, opts, response_tokens=0)
     req = eng.submit(_prompt_tokens(eng, prompt, ropts), ropts, sync_saves=True)
     return _collect(Stream(eng, req))
@@ -241,7 +220,7 @@ def prefill_only(model: str, prompt: str | Sequence[int], **opts: Any) -> Comple
 def cached_prefix_len(model: str, prompt: str | Sequence[int], cache_scope: str = "default") -> int:
     """How many leading tokens of ``prompt`` the prefix cache holds for this model (all
     tiers, nothing loaded, no counters moved)."""
-    eng = _engine(model)
+    eng = registry.get(model)
     opts = build(RequestOptions, {"cache_scope": cache_scope}, "argument")
     if eng.kvcache is None:
         return 0
@@ -255,12 +234,12 @@ def evict(model: str) -> int:
     Returns the rows saved. Used under memory pressure: the sessions' next turns restore
     from the cache instead of starting cold.
     """
-    return _engine(model).evict(SaveReason.EVICT)
+    return registry.get(model).evict(SaveReason.EVICT)
 
 
 def shutdown(model: str) -> int:
     """As :func:`evict`, with save reason ``shutdown`` (call before the process stops)."""
-    return _engine(model).evict(SaveReason.SHUTDOWN)
+    return registry.get(model).evict(SaveReason.SHUTDOWN)
 
 
 _adapter_handles = itertools.count(1)
@@ -277,7 +256,7 @@ def load_adapter(model: str, path: str, scale: float = 1.0) -> int:
     from .models import check_model_file, fingerprint
     from .models.probe import probe
 
-    eng = _engine(model)
+    eng = registry.get(model)
     scale = _scale(scale)
     if not isinstance(path, (str, os.PathLike)):
         raise InvalidOption("path", path, "a path (str or PathLike) to a GGUF LoRA adapter")
@@ -295,14 +274,14 @@ def load_adapter(model: str, path: str, scale: float = 1.0) -> int:
 def unload_adapter(model: str, adapter: int) -> None:
     """Detach an adapter (idempotent)."""
     check_int("adapter", adapter, 0, None)
-    _engine(model).request_adapters(lambda cur: [a for a in cur if a.handle != adapter])
+    registry.get(model).request_adapters(lambda cur: [a for a in cur if a.handle != adapter])
 
 
 def set_adapter_scale(model: str, adapter: int, scale: float) -> None:
     """Change an attached adapter's scale (0 = the base model's output); splits the cache namespace."""
     import dataclasses
 
-    eng = _engine(model)
+    eng = registry.get(model)
     scale = _scale(scale)
     check_int("adapter", adapter, 0, None)
     if adapter not in {a.handle for a in eng.adapter_list()}:
@@ -313,7 +292,7 @@ def set_adapter_scale(model: str, adapter: int, scale: float) -> None:
 
 def list_adapters(model: str) -> list[dict[str, Any]]:
     """Attached adapters: {'adapter': handle, 'scale', 'path', 'sha256'}."""
-    return [a.info() for a in _engine(model).adapter_list()]
+    return [a.info() for a in registry.get(model).adapter_list()]
 
 
 def _scale(scale: Any) -> float:
@@ -327,8 +306,7 @@ def cancel(ref: Stream | int) -> None:
         return
     if isinstance(ref, bool) or not isinstance(ref, int):
         raise InvalidOption("ref", ref, "a Stream or an int request ref")
-    with _lock:
-        engines = [e for e in _engines.values() if e is not None]
+    engines = registry.engines()
     for eng in engines:
         req = eng.requests.get(ref)
         if req is not None:
@@ -339,38 +317,35 @@ def cancel(ref: Stream | int) -> None:
 # --- observability (never waits on a loop) ------------------------------------------------
 
 def phase(model: str) -> str:
-    return _engine(model).phase
+    return registry.get(model).phase
 
 
 def queue_depth(model: str | None = None) -> int:
     """Requests running on a sequence now (one model, or all)."""
     if model is not None:
-        return _engine(model).queue_depth()
-    with _lock:
-        return sum(e.queue_depth() for e in _engines.values() if e is not None)
+        return registry.get(model).queue_depth()
+    return sum(e.queue_depth() for e in registry.engines())
 
 
 def pending_len(model: str) -> int:
     """Requests waiting for a sequence of this model."""
-    return _engine(model).pending_len()
+    return registry.get(model).pending_len()
 
 
 def last_cache_hit(model: str) -> dict[str, Any] | None:
     """How the most recent admission was served: kind, reused tokens, ref, session."""
-    return _engine(model).last_hit
+    return registry.get(model).last_hit
 
 
 def requests() -> list[dict[str, Any]]:
-    with _lock:
-        engines = [e for e in _engines.values() if e is not None]
+    engines = registry.engines()
     return [r.info() for e in engines for r in list(e.requests.values())]
 
 
 def request_info(ref: int) -> dict[str, Any]:
     """A running or queued request's info; UnknownRequest once it has finished."""
     check_int("ref", ref, None, None)
-    with _lock:
-        engines = [e for e in _engines.values() if e is not None]
+    engines = registry.engines()
     for eng in engines:
         req = eng.requests.get(ref)
         if req is not None:
@@ -379,8 +354,7 @@ def request_info(ref: int) -> dict[str, Any]:
 
 
 def counters() -> dict[str, int]:
-    with _lock:
-        engines = [e for e in _engines.values() if e is not None]
+    engines = registry.engines()
     total: dict[str, int] = {}
     for e in engines:
         for k, v in e.counters.items():
@@ -388,7 +362,7 @@ def counters() -> dict[str, int]:
         g = e.grammars.stats()
         total["grammar_cache_hits"] = total.get("grammar_cache_hits", 0) + g["hits"]
         total["grammar_cache_misses"] = total.get("grammar_cache_misses", 0) + g["misses"]
-    for k, v in prefix_cache.shared_cache().counters().items():
+    for k, v in shared_cache().counters().items():
         total[f"cache_{k}"] = v
     return total
 
@@ -403,7 +377,7 @@ def render_chat_template(model: str, messages: Sequence[Mapping[str, Any]],
     chat turn takes from the template: tool grammar, extra stop strings, thinking tags.
     Options: see ChatOptions (tool_choice, add_generation_prompt, thinking, ...).
     """
-    eng = _engine(model)
+    eng = registry.get(model)
     copts, ropts = _chat.split_options(opts)
     rq = build(RequestOptions, ropts)
     tmpls = _chat.templates_for(eng, copts.chat_template)
@@ -415,7 +389,7 @@ def chat_stream(model: str, messages: Sequence[Mapping[str, Any]],
                 **opts: Any) -> ChatStream:
     """One chat turn as a stream: the events of stream() (Thinking / ThinkingEnd split out
     when thinking='enabled'), ending with a ChatDone (a Done) carrying the parsed message."""
-    eng = _engine(model)
+    eng = registry.get(model)
     p = _chat.plan(eng, messages, tools, tool_choice, opts)
     return ChatStream(stream(model, p.rendered.tokens, **p.request_opts), p)
 
@@ -436,7 +410,7 @@ def embed(model: str, text_or_tokens: str | Sequence[int], pooling: str = "mean"
 
     pooling: 'mean', 'cls', 'last', or 'none' (then one vector per token).
     """
-    return _embed.embed_inputs(_engine(model), [text_or_tokens], pooling, normalize)[0]
+    return _embed.embed_inputs(registry.get(model), [text_or_tokens], pooling, normalize)[0]
 
 
 def embed_batch(model: str, inputs: Sequence[str | Sequence[int]], pooling: str = "mean",
@@ -444,7 +418,7 @@ def embed_batch(model: str, inputs: Sequence[str | Sequence[int]], pooling: str 
     """Embeddings of several inputs in one native call (several sequences per decode)."""
     if isinstance(inputs, (str, bytes)) or not isinstance(inputs, Sequence):
         raise InvalidOption("inputs", inputs, "a list of strings or token lists")
-    return _embed.embed_inputs(_engine(model), list(inputs), pooling, normalize)
+    return _embed.embed_inputs(registry.get(model), list(inputs), pooling, normalize)
 
 
 _on_unload.extend([_chat.forget, _embed.forget])

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .cache import get_policy
-from .engine import prefix_cache
+from .cache import shared
 from .errors import InvalidOption
 from .options import check_bool, check_int, check_number
 
@@ -28,7 +28,7 @@ def configure_cache(tiers: Sequence[Mapping[str, Any]], policy: Any = "frecency"
     for i, spec in enumerate(tiers):
         if isinstance(spec, Mapping):
             _check_tier_names(f"tiers[{i}].", spec.get("name"), spec.get("policy"))
-    return prefix_cache.configure(tiers, policy).info()
+    return shared.configure(tiers, policy).info()
 
 
 def _check_policy(key: str, policy: Any, none_ok: bool = True) -> None:
@@ -54,8 +54,8 @@ def add_tier(kind: str, name: str | None = None, root: str | None = None,
     _check_tier_names("", name, policy)
     check_int("position", position, 0, len(list_tiers()), none_ok=True)
     spec = {"kind": kind, "name": name, "root": root, "budget_bytes": budget_bytes, "policy": policy}
-    tier = prefix_cache.make_tier({k: v for k, v in spec.items() if v is not None})
-    cache = prefix_cache.shared_cache()
+    tier = shared.make_tier({k: v for k, v in spec.items() if v is not None})
+    cache = shared.shared_cache()
     try:
         cache.add_tier(tier, policy, position=position)
     except ValueError as e:
@@ -68,7 +68,7 @@ def add_tier(kind: str, name: str | None = None, root: str | None = None,
 def remove_tier(name: str, purge: bool = False) -> int:
     """Detach a tier; returns the rows that left the cache (files stay unless ``purge``)."""
     check_bool("purge", purge)
-    cache = prefix_cache.shared_cache()
+    cache = shared.shared_cache()
     _tier_name(cache, name)
     return cache.remove_tier(name, purge=purge)
 
@@ -81,18 +81,18 @@ def _tier_name(cache: Any, name: Any) -> str:
 
 
 def list_tiers() -> list[dict[str, Any]]:
-    return prefix_cache.shared_cache().list_tiers()
+    return shared.shared_cache().list_tiers()
 
 
 def cache_info() -> dict[str, Any]:
     """Rows, pins, tiers (with their policies and usage) and counters."""
-    return prefix_cache.shared_cache().info()
+    return shared.shared_cache().info()
 
 
 def cache_rows() -> list[dict[str, Any]]:
     """Every row: key preview, tokens, bytes, tier(s), save reason, hits, last hit, pinned,
     live and its eviction score under its tier's policy (lower goes first)."""
-    return prefix_cache.shared_cache().rows()
+    return shared.shared_cache().rows()
 
 
 def wait_for_saves(timeout_s: float | None = 30.0) -> bool:
@@ -100,14 +100,14 @@ def wait_for_saves(timeout_s: float | None = 30.0) -> bool:
     timeout. complete()/stream() save finish rows off the decode path."""
     timeout = check_number("timeout_s", timeout_s, 0.0, threading.TIMEOUT_MAX, none_ok=True,
                            what="a number of seconds")
-    return prefix_cache.shared_cache().wait_for_saves(timeout)
+    return shared.shared_cache().wait_for_saves(timeout)
 
 
 def evict_bytes(n: int, tier: str | None = None) -> int:
     """Free at least ``n`` bytes of ``tier`` (default: the top one), demoting rows down the
     tiers by its policy; pinned rows go last. Returns the bytes freed there."""
     check_int("n", n, 0, None)
-    cache = prefix_cache.shared_cache()
+    cache = shared.shared_cache()
     if tier is not None:
         _tier_name(cache, tier)
     return cache.evict_bytes(n, tier)
@@ -115,13 +115,13 @@ def evict_bytes(n: int, tier: str | None = None) -> int:
 
 def pin_row(key: str) -> str | None:
     """Protect a row from eviction (one pin per namespace: returns the row it displaced)."""
-    return _on_row(key, prefix_cache.shared_cache().pin)
+    return _on_row(key, shared.shared_cache().pin)
 
 
 def unpin_row(key: str) -> bool:
     """Let a row be evicted again; False if it was not pinned. InvalidOption for a key the
     cache does not hold (as pin_row)."""
-    return _on_row(key, prefix_cache.shared_cache().unpin)
+    return _on_row(key, shared.shared_cache().unpin)
 
 
 def _on_row(key: Any, op: Any) -> Any:

@@ -95,14 +95,11 @@ def as_reading(got: Any) -> Reading | None:
 
 def default_evictor() -> str | None:
     """Unload the least recently active idle model; its id, or None if none is idle."""
-    from . import api
+    from . import api, registry
 
-    with api._lock:
-        idle = [e for e in api._engines.values()
-                if e is not None and e.phase == "idle" and not e.pending and not e.active]
-    if not idle:
+    victim = registry.least_recently_active_idle()
+    if victim is None:
         return None
-    victim = min(idle, key=lambda e: e.last_active)
     api.unload(victim.model_id)
     return victim.model_id
 
@@ -166,7 +163,7 @@ class PressureMonitor:
 
     def poll(self) -> None:
         """One look at every source; act on the worst one over ``high``."""
-        from .engine import prefix_cache
+        from .cache.shared import shared_cache
 
         self.stats["polls"] += 1
         worst: Reading | None = None
@@ -179,7 +176,7 @@ class PressureMonitor:
             return
         self.stats["pressure_events"] += 1
         need = int(worst.used_bytes - self.target * worst.total_bytes)
-        freed = prefix_cache.shared_cache().evict_bytes(need) if need > 0 else 0
+        freed = shared_cache().evict_bytes(need) if need > 0 else 0
         self.stats["cache_bytes_evicted"] += freed
         if freed < need and self.unload_models:
             self._unload_one()

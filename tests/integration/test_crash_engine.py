@@ -65,12 +65,12 @@ WRITER = COMMON + textwrap.dedent(r'''
 
 CHECKER = COMMON + textwrap.dedent(r'''
     import os
-    from workbench.engine import prefix_cache
+    from workbench.cache.shared import shared_cache
     info = wb.configure_cache(TIERS)
     out = {"scan_counters": {k: v for k, v in info["counters"].items() if k.startswith(("rejected", "orphans"))},
            "tmp_left": [n for r in (shm_root, disk_root) for n in os.listdir(r) if ".tmp." in n],
            "rows": info["rows"]}
-    cache = prefix_cache.shared_cache()
+    cache = shared_cache()
     out["unreadable"] = sum(cache.get(key, promote=False) is None for key in cache.keys())
     m = wb.load_model(model_path=model_path, n_ctx=1024, n_seq_max=2, n_threads=1)
     by_len = {}

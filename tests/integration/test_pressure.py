@@ -50,7 +50,9 @@ def test_unload_the_idle_model_only_when_opted_in(model_path, monitor):
     for other in {m["model_id"] for m in wb.list_models()} - {old}:
         wb.complete(other, "hi", response_tokens=2)      # everyone else was active more recently
     try:
-        monitor(sources=[lambda: (99, 100)], interval_s=1.0, unload_models=True)   # one poll, then we stop it
+        # 19 TiB over the target: more than evicting cache bytes can free, whatever rows
+        # earlier tests left, so the poller must unload a model
+        monitor(sources=[lambda: (99 << 40, 100 << 40)], interval_s=1.0, unload_models=True)
         assert wait_for(lambda: wb.pressure().get("models_unloaded", 0) >= 1)
         assert wb.pressure()["last_model_unloaded"] == "old-idle"
         wb.stop_pressure_monitor()

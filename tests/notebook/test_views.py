@@ -70,9 +70,11 @@ def test_empty_views_keep_their_dtypes(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_resolve_cache_errors(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(wb, "list_models", lambda: [])
-    with pytest.raises(views.CacheNotWired, match="0 models are loaded"):
+    with pytest.raises(wb.errors.InvalidOption, match="0 models are loaded"):
         views.cache_rows()
-    with pytest.raises(wb.errors.NotLoaded if hasattr(wb, "errors") else LookupError):
+    with pytest.raises(wb.errors.InvalidOption, match="a TieredCache or a model id"):
+        views.cache_rows(42)  # type: ignore[arg-type]
+    with pytest.raises(wb.errors.NotLoaded):
         views.cache_rows("no-such-model")
 
 
@@ -104,13 +106,9 @@ def test_engine_views_with_the_model(model: str) -> None:
 
 
 @pytest.mark.model
-def test_the_hook_finds_the_engine_cache(model: str) -> None:
-    cache = views._engine_cache(model)
-    if cache is None:  # an engine without its prefix cache: the views say so clearly
-        with pytest.raises(views.CacheNotWired, match="not wired"):
-            views.cache_rows(model)
-        return
-    assert isinstance(cache, TieredCache)
+def test_the_views_find_the_engine_cache(model: str) -> None:
+    cache = views.model_cache(model)
+    assert isinstance(cache, TieredCache) and views.resolve_cache(model) is cache
     wb.complete(model, "The quick brown fox jumps over the lazy dog, again and again and again.",
                 response_tokens=4)
     rows = views.cache_rows(model)

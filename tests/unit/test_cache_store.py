@@ -140,7 +140,7 @@ def test_shm_tier_default_root_under_dev_shm() -> None:
 
 
 def test_tier_roots_that_cannot_be_used_are_named(tmp_path: Path) -> None:
-    from workbench.engine.prefix_cache import make_tier
+    from workbench.cache.shared import make_tier
     from workbench.errors import InvalidOption
 
     a_file = tmp_path / "file"

@@ -24,11 +24,9 @@ if TYPE_CHECKING:
     from workbench.notebook.magics import WorkbenchMagics
 
 # errors that mean "the arguments were wrong", shown as UsageError with their message
-ARGUMENT_ERRORS: tuple[type[BaseException], ...] = tuple(
-    getattr(errors, name) for name in (
-        "OptionError", "NotLoaded", "AlreadyLoaded", "ModelFileError", "EmptyPrompt", "ContextOverflow",
-        "NoSession", "SessionBusy", "TranscriptMismatch")
-    if hasattr(errors, name)) + (views.CacheNotWired,)
+ARGUMENT_ERRORS: tuple[type[BaseException], ...] = (
+    errors.OptionError, errors.NotLoaded, errors.AlreadyLoaded, errors.ModelFileError, errors.EmptyPrompt,
+    errors.ContextOverflow, errors.NoSession, errors.SessionBusy, errors.TranscriptMismatch)
 
 
 @contextmanager

@@ -150,8 +150,7 @@ class WorkbenchMagics(Magics):
         raise UsageError(f"several models are loaded ({', '.join(loaded)}): pass --model")
 
     def cache_of(self, args: Any) -> Any:
-        """--cache VAR (a TieredCache in the namespace), else the model's cache via the one
-        hook views._engine_cache; UsageError when there is none."""
+        """--cache VAR (a TieredCache in the namespace), else the model's cache."""
         from workbench.cache import TieredCache
 
         if getattr(args, "cache", None):
@@ -159,12 +158,7 @@ class WorkbenchMagics(Magics):
             if not isinstance(obj, TieredCache):
                 raise UsageError(f"--cache {args.cache}: not a variable holding a workbench.cache.TieredCache")
             return obj
-        model = self.model_of(getattr(args, "model", None))
-        cache = views._engine_cache(model)
-        if cache is None:
-            raise UsageError(f"model {model!r} has no KV prefix cache yet: the engine's cache is not wired in "
-                             "(use --cache VAR to inspect a TieredCache of your own)")
-        return cache
+        return views.model_cache(self.model_of(getattr(args, "model", None)))
 
     @staticmethod
     def row_key(cache: Any, key: str) -> str:

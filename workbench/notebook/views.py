@@ -2,9 +2,8 @@
 KV cache's rows and tiers. Each returns a DataFrame with fixed columns and dtypes (also
 when empty) and a meaningful index.
 
-The engine's prefix cache is reached through ONE hook, `_engine_cache(model)`, which
-returns the model's `workbench.cache.TieredCache` or None while the engine has none; the
-cache views also take a TieredCache directly (the lab, tests, a cache built by hand).
+The cache views take a model id (its engine's `workbench.cache.TieredCache`, through
+`model_cache`) or a TieredCache directly (the lab, tests, a cache built by hand).
 """
 
 from __future__ import annotations
@@ -14,50 +13,31 @@ from typing import Any
 import pandas as pd
 
 import workbench as wb
+from workbench import registry
 from workbench.cache import HitKind, TieredCache
+from workbench.errors import InvalidOption
 
 HIT_KINDS = tuple(kind.value for kind in HitKind)  # the categories of cache_hit_kind columns
 PHASES = ("queued", "prefilling", "generating", "done")
 
 
-class CacheNotWired(LookupError):
-    """The model has no KV prefix cache (the engine does not provide one yet)."""
-
-
-def _engine_cache(model: str) -> TieredCache | None:
-    """THE hook to the engine's KV prefix cache: the model's TieredCache, or None.
-
-    Raises NotLoaded for an unknown model. Returns None while the engine has no cache (not
-    wired in, or turned off for this model). Today the engine holds it as
-    `engine.kvcache.cache` (an EngineCache over the process-wide TieredCache); `engine.cache`
-    is accepted too. Change this function, and only this one, if that moves.
-    """
-    from workbench.api import _engine
-
-    eng = _engine(model)
-    for holder in (getattr(eng, "kvcache", None), eng):
-        cache = getattr(holder, "cache", None) if holder is not None else None
-        if isinstance(cache, TieredCache):
-            return cache
-    return None
+def model_cache(model: str) -> TieredCache:
+    """The KV prefix cache a loaded model's engine uses (NotLoaded for an unknown id)."""
+    return registry.get(model).kvcache.cache
 
 
 def resolve_cache(cache: TieredCache | str | None = None) -> TieredCache:
-    """A TieredCache as given, or the cache of a model id (the only loaded model if None).
-    CacheNotWired when the model has no cache."""
+    """A TieredCache as given, or the cache of a model id (the only loaded model if None)."""
     if isinstance(cache, TieredCache):
         return cache
     if cache is None:
         loaded = [m["model_id"] for m in wb.list_models()]
         if len(loaded) != 1:
-            raise CacheNotWired(f"pass a TieredCache or a model id ({len(loaded)} models are loaded)")
+            raise InvalidOption("cache", None, f"a TieredCache or a model id ({len(loaded)} models are loaded)")
         cache = loaded[0]
     if not isinstance(cache, str):
-        raise TypeError(f"expected a TieredCache or a model id, got {type(cache).__name__}")
-    found = _engine_cache(cache)
-    if found is None:
-        raise CacheNotWired(f"model {cache!r} has no KV prefix cache: the engine's cache is not wired in yet")
-    return found
+        raise InvalidOption("cache", cache, "a TieredCache or a model id")
+    return model_cache(cache)
 
 
 def _frame(rows: list[dict[str, Any]], dtypes: dict[str, Any], index: str | list[str] | None) -> pd.DataFrame:

@@ -1,0 +1,72 @@
+"""The process-wide prefix cache: one :class:`TieredCache` every loaded model shares, and
+the tiers users describe as dicts (``configure_cache``, ``add_tier``)."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..errors import InvalidOption
+from .tiered import TieredCache
+from .tiers import DiskTier, RamTier, ShmTier, Tier
+
+DEFAULT_RAM_BUDGET = 1 << 30
+_lock = threading.Lock()
+_cache: TieredCache | None = None
+
+
+def shared_cache() -> TieredCache:
+    """The cache every model uses; created on first use with one RAM tier (1 GiB)."""
+    global _cache
+    with _lock:
+        if _cache is None:
+            _cache = TieredCache([RamTier("ram", DEFAULT_RAM_BUDGET)])
+        return _cache
+
+
+def configure(tiers: Sequence[Mapping[str, Any]], policy: Any = "frecency") -> TieredCache:
+    """Replace the shared cache with one built from tier specs (fastest first); persistent
+    tiers are scanned, so rows saved before a restart are adopted (and bad files removed)."""
+    global _cache
+    built = [make_tier(spec) for spec in tiers]
+    cache = TieredCache([(t, spec.get("policy")) for t, spec in zip(built, tiers)], policy=policy)
+    cache.scan()
+    with _lock:
+        old, _cache = _cache, cache
+    if old is not None:
+        old.close()
+    return cache
+
+
+TIER_KINDS = {"ram": RamTier, "shm": ShmTier, "disk": DiskTier}
+TIER_KEYS = ("kind", "name", "root", "budget_bytes", "policy")
+
+
+def make_tier(spec: Mapping[str, Any]) -> Tier:
+    """A tier from ``{'kind': 'ram'|'shm'|'disk', 'name', 'root', 'budget_bytes', 'policy'}``."""
+    if not isinstance(spec, Mapping):
+        raise InvalidOption("tier", spec, "a dict with at least 'kind'", "tier")
+    for key in spec:
+        if key not in TIER_KEYS:
+            raise InvalidOption(str(key), spec[key], "one of the tier keys " + ", ".join(TIER_KEYS), "tier")
+    kind = spec.get("kind")
+    if kind not in TIER_KINDS:
+        raise InvalidOption("kind", kind, "'ram', 'shm' or 'disk'", "tier")
+    budget = spec.get("budget_bytes", DEFAULT_RAM_BUDGET if kind == "ram" else None)
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 0):
+        raise InvalidOption("budget_bytes", budget, "a non-negative int or None (unbounded)", "tier")
+    name = spec.get("name") or kind
+    if kind == "ram":
+        if spec.get("root") is not None:
+            raise InvalidOption("root", spec["root"], "no root for a ram tier", "tier")
+        return RamTier(name, budget)
+    root = spec.get("root")
+    if root is not None and not isinstance(root, (str, os.PathLike)):
+        raise InvalidOption("root", root, "a directory path (str or PathLike)", "tier")
+    try:
+        return TIER_KINDS[kind](name, root, budget)
+    except OSError as e:  # cannot create it, not a directory, not private
+        raise InvalidOption("root", root, f"a private directory this process can create and write ({e})",
+                            "tier") from None
