@@ -271,7 +271,6 @@ class WorkbenchMagics(Magics):
         workbench.chat with this conversation's history (per model and --session); the
         assistant's Result is stored in --as and its parsed message joins the history."""
         __tracebackhide__ = True
-        chat_fn = _chat_function()
         args = parse_argstring(self.chat, line)
         model = self.model_of(args.model)
         text = interpolate(cell.rstrip("\n"), self.shell.user_ns)
@@ -290,13 +289,12 @@ class WorkbenchMagics(Magics):
 
         def remember(result: Result) -> None:
             if result.ok and not result.cancelled:
-                parsed = getattr(result.raw, "message", None)
+                parsed = result.raw.message if isinstance(result.raw, wb.ChatResult) else None
                 reply = dict(parsed) if parsed else {"role": "assistant", "content": result.reply}
                 history.extend([turn, reply])
 
-        self._run(args, lambda opts: _call_chat(chat_fn, model, messages, {**opts, **chat_opts}, stream=True),
-                  lambda opts: _call_chat(chat_fn, model, messages, {**opts, **chat_opts}, stream=False), model,
-                  remember)
+        self._run(args, lambda opts: wb.chat_stream(model, messages, **{**opts, **chat_opts}),
+                  lambda opts: wb.chat(model, messages, **{**opts, **chat_opts}), model, remember)
 
     def _chat_options(self, args: Any) -> dict[str, Any]:
         opts: dict[str, Any] = {}
@@ -336,22 +334,3 @@ def _text_from(ref: str, ns: dict[str, Any], flag: str, what: str) -> str:
     if path.is_file():
         return path.read_text()
     raise UsageError(f"{flag} {ref}: neither a variable holding {what} nor a file")
-
-
-def _chat_function() -> Callable[..., Any]:
-    """workbench.chat, once it exists; UsageError("chat is not available yet") until then."""
-    fn = getattr(wb, "chat", None)
-    if fn is None:
-        raise UsageError("chat is not available yet")
-    return fn  # type: ignore[no-any-return]
-
-
-def _call_chat(chat_fn: Callable[..., Any], model: str, messages: list[dict[str, Any]], opts: dict[str, Any],
-               *, stream: bool) -> Any:
-    """The one place %%chat calls the chat API: workbench.chat_stream(model, messages,
-    **opts) for a live view (a ChatStream), workbench.chat(...) for --no-stream (a
-    ChatResult). Without chat_stream, chat() is shown when it returns."""
-    stream_fn = getattr(wb, "chat_stream", None) if stream else None
-    if stream_fn is None:
-        return chat_fn(model, messages, **opts)
-    return stream_fn(model, messages, **opts)
