@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import _native
+from .engine.tokens import tokenize_within
 from .errors import ContextOverflow, EmptyPrompt, InvalidOption, NotLoaded
 
 POOLINGS = ("mean", "cls", "last", "none")
-DEFAULT_EMBED_N_CTX = 2048
 
 
 @dataclass(eq=False)
@@ -41,11 +41,11 @@ def embed_inputs(engine: Any, inputs: Sequence[Any], pooling: str, normalize: bo
         raise InvalidOption("pooling", pooling, "one of " + ", ".join(repr(p) for p in POOLINGS))
     if not isinstance(normalize, bool):
         raise InvalidOption("normalize", normalize, "True or False")
-    token_lists = [_tokens(engine, x, f"inputs[{i}]") for i, x in enumerate(inputs)]
-    if not token_lists:
+    if not inputs:
         return []
     entry = _entry(engine, pooling)
     limit = entry.embedder.n_batch
+    token_lists = [_tokens(engine, x, f"inputs[{i}]", limit) for i, x in enumerate(inputs)]
     for toks in token_lists:
         if len(toks) > limit:
             raise ContextOverflow(len(toks), limit, "the embedding context; raise embed_n_ctx at load_model")
@@ -55,12 +55,12 @@ def embed_inputs(engine: Any, inputs: Sequence[Any], pooling: str, normalize: bo
         return entry.embedder.embed(token_lists, normalize)
 
 
-def _tokens(engine: Any, x: Any, key: str) -> list[int]:
+def _tokens(engine: Any, x: Any, key: str, limit: int) -> list[int]:
     model = engine.model
     if isinstance(x, str):
         if not x:
             raise EmptyPrompt()
-        toks = model.tokenize(x, True, True)
+        toks = tokenize_within(model, x, True, True, limit, "the embedding context; raise embed_n_ctx at load_model")
     elif isinstance(x, Sequence) and not isinstance(x, (bytes, bytearray)):
         n_vocab = model.n_vocab
         toks = list(x)
@@ -80,10 +80,7 @@ def _entry(engine: Any, pooling: str) -> _Entry:
         entry = _entries.get(key)
         if entry is not None and entry.engine is engine:
             return entry
-        cfg = engine.cfg
-        n_ctx = getattr(cfg, "embed_n_ctx", None) or min(engine.model.n_ctx_train or DEFAULT_EMBED_N_CTX,
-                                                         DEFAULT_EMBED_N_CTX)
-        n_seq = getattr(cfg, "embed_n_seq_max", 16)
+        n_ctx, n_seq = engine.cfg.embed_params(engine.model.n_ctx_train)
         embedder = _native.Embedder(engine.model, pooling, n_ctx, n_seq, engine.ctx.n_threads)
         entry = _entries[key] = _Entry(engine, embedder)
         return entry

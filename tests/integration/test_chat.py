@@ -267,3 +267,17 @@ def test_auto_tool_choice_leaves_the_choice_to_the_model(qwen_coder):
     opened = wb.chat(qwen_coder, [ASK], tools=[WEATHER], tool_choice="required", tool_call_prefill=False,
                      response_tokens=32)
     assert opened.tool_calls == []     # llama.cpp's required grammar lets text come first
+
+
+def test_a_huge_message_is_refused_before_tokenising(model):
+    """~2 M characters of chat were rendered, then tokenised for seconds (llama.cpp's special
+    token split is quadratic) only to be refused for n_ctx."""
+    import time
+
+    from workbench.errors import ContextOverflow
+
+    started = time.perf_counter()
+    with pytest.raises(ContextOverflow, match="refused before tokenising"):
+        wb.chat(model, [{"role": "user", "content": "<|im_start|> word " * 110_000}], response_tokens=1)
+    assert time.perf_counter() - started < 1.0
+    assert wb.chat(model, [{"role": "user", "content": "Hi"}], response_tokens=1).finish_reason == "length"

@@ -131,3 +131,15 @@ def test_minilm_matches_sentence_transformers():
         assert wb.embed(mid, CAT) == pytest.approx(ours[0], abs=1e-4)
     finally:
         wb.unload(mid)
+
+
+def test_a_huge_text_is_refused_before_tokenising(model):
+    """~2 M characters took seconds to tokenise only to be refused for the embedding context."""
+    import time
+
+    started = time.perf_counter()
+    with pytest.raises(ContextOverflow, match="refused before tokenising"):
+        wb.embed(model, "<|im_start|> word " * 110_000)
+    assert time.perf_counter() - started < 1.0
+    assert len(wb.embed(model, CAT)) == len(wb.embed(model, CAT2))
+

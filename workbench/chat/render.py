@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import collections
 import json
+import sys
 import threading
 from dataclasses import dataclass, field
 from typing import Any
 
 from .. import _native
+from ..engine.tokens import tokenize_within
 from ..errors import InvalidOption, NoChatTemplate
 from ..options import ChatOptions
 from .messages import normalize_messages, normalize_tools
@@ -79,17 +81,21 @@ class RenderedChat:
 
 
 def render(native_model: Any, templates: Any, messages: Any, tools: Any = None,
-           opts: ChatOptions | None = None, add_special: bool = True, parse_special: bool = True) -> RenderedChat:
-    """Validate and render; the prompt is tokenised as llama.cpp's server does (specials parsed)."""
+           opts: ChatOptions | None = None, add_special: bool = True, parse_special: bool = True,
+           n_ctx: int | None = None) -> RenderedChat:
+    """Validate and render; the prompt is tokenised as llama.cpp's server does (specials parsed).
+    A prompt whose tokens cannot fit ``n_ctx`` (default: the model's trained context, if the
+    file states one) is refused with ContextOverflow before it is tokenised."""
+    limit = n_ctx or native_model.n_ctx_train or sys.maxsize
     try:
-        return _render(native_model, templates, messages, tools, opts, add_special, parse_special)
+        return _render(native_model, templates, messages, tools, opts, add_special, parse_special, limit)
     except RecursionError:
         raise InvalidOption("messages", "...", "messages and tools nested less deeply "
                                                "(Python's JSON recursion limit)") from None
 
 
 def _render(native_model: Any, templates: Any, messages: Any, tools: Any, opts: ChatOptions | None,
-            add_special: bool, parse_special: bool) -> RenderedChat:
+            add_special: bool, parse_special: bool, limit: int) -> RenderedChat:
     opts = opts or ChatOptions()
     msgs = normalize_messages(messages)
     tool_list = normalize_tools(tools)
@@ -131,7 +137,8 @@ def _render(native_model: Any, templates: Any, messages: Any, tools: Any, opts: 
     if choice == "required" and not r["grammar"]:
         raise InvalidOption("tool_choice", opts.tool_choice,
                             f"'auto' or 'none': this chat template has no tool-call format ({r['format']})")
-    tokens = native_model.tokenize(r["prompt"], add_special, parse_special)
+    tokens = tokenize_within(native_model, r["prompt"], add_special, parse_special, limit,
+                             "n_ctx (the rendered chat prompt)")
     end_tags = r["thinking_end_tags"]
     return RenderedChat(
         prompt=r["prompt"], tokens=tokens, grammar=r["grammar"], grammar_lazy=r["grammar_lazy"],

@@ -98,7 +98,8 @@ def plan(engine: Any, messages: Any, tools: Any, tool_choice: Any, opts: Mapping
     copts, ropts = split_options(all_opts)
     rq = build(RequestOptions, ropts)  # validates every request option before any work
     tmpls = templates_for(engine, copts.chat_template)
-    rendered = render(engine.model, tmpls, messages, tools, copts, rq.add_special, rq.parse_special)
+    rendered = render(engine.model, tmpls, messages, tools, copts, rq.add_special, rq.parse_special,
+                      n_ctx=engine.ctx.n_ctx)
     if rendered.grammar is not None:
         for key in ("grammar", "json_schema"):
             if ropts.get(key) is not None:
