@@ -199,6 +199,33 @@ static py::object gguf_check(const std::string & path) {
     return py::str(problem);
 }
 
+// The training context the file states ("<general.architecture>.context_length"), read with
+// ggml's parser without loading the model; 0 when the file does not say (or is unreadable:
+// gguf_check reports why). Settings that depend on it are checked before the model probe.
+static int64_t gguf_context_length(const std::string & path) {
+    py::gil_scoped_release release;
+    gguf_init_params params{/*no_alloc=*/true, /*ctx=*/nullptr};
+    gguf_context * g = nullptr;
+    try {
+        g = gguf_init_from_file(path.c_str(), params);
+    } catch (const std::exception &) {
+        return 0;
+    }
+    if (g == nullptr) return 0;
+    int64_t out = 0;
+    const int64_t arch = gguf_find_key(g, "general.architecture");
+    if (arch >= 0 && gguf_get_kv_type(g, arch) == GGUF_TYPE_STRING) {
+        const std::string key = std::string(gguf_get_val_str(g, arch)) + ".context_length";
+        const int64_t id = gguf_find_key(g, key.c_str());
+        if (id >= 0 && gguf_get_kv_type(g, id) == GGUF_TYPE_UINT32) out = gguf_get_val_u32(g, id);
+        if (id >= 0 && gguf_get_kv_type(g, id) == GGUF_TYPE_UINT64) {
+            out = (int64_t)std::min<uint64_t>(gguf_get_val_u64(g, id), (uint64_t)INT32_MAX);
+        }
+    }
+    gguf_free(g);
+    return out;
+}
+
 static py::object meta(const Model & m, const std::string & key) {
     char buf[512];
     int n = llama_model_meta_val_str(m.get(), key.c_str(), buf, sizeof(buf));
@@ -238,6 +265,8 @@ static py::dict metadata(const Model & m) {
 void bind_model(py::module_ & m) {
     m.def("gguf_check", &gguf_check, py::arg("path"),
           "None if path is a structurally sound GGUF file, else a message saying what is wrong.");
+    m.def("gguf_context_length", &gguf_context_length, py::arg("path"),
+          "The training context a GGUF file states (<arch>.context_length); 0 when absent.");
     m.def("set_log_echo", [](bool on) { g_log_echo.store(on); }, py::arg("on"),
           "Echo llama.cpp's log to stderr (off by default; warnings are kept for error messages).");
     m.def("recent_log", &recent_log, "The last warning/error lines llama.cpp logged.");

@@ -64,6 +64,7 @@ ISSUE_CASES = [
     ({"n_ctx": 16, "n_seq_max": 17}, "n_ctx"),
     ({"embed_n_ctx": 1000, "n_ubatch": 9000}, "embed_n_ctx"),
     ({"embed_n_ctx": 17, "embed_n_seq_max": 16}, "embed_n_ctx"),
+    ({"embed_n_seq_max": 3}, "embed_n_ctx"),     # the default (2,048: the model states 8,192) is not a multiple
     ({"n_ctx": 2**40}, "n_ctx"),
     ({"n_batch": 2**32}, "n_batch"),
     ({"embed_n_ctx": 2**33}, "embed_n_ctx"),
