@@ -177,6 +177,16 @@ class EngineStopped(WorkbenchError, RuntimeError):
     """The model was unloaded while the request was queued or running."""
 
 
+class InvalidBatchPlan(WorkbenchError, RuntimeError):
+    """The model's batch strategy returned a plan the engine cannot run (or raised); the
+    requests it was planned for fail with this, the loop goes on."""
+
+    def __init__(self, strategy: str, problem: str) -> None:
+        self.strategy = strategy
+        self.problem = problem
+        super().__init__(f"batch strategy {strategy!r}: {problem}")
+
+
 # --- chat --------------------------------------------------------------------------------
 
 class NoChatTemplate(WorkbenchError, ValueError):

@@ -238,6 +238,24 @@ def _json_object(key: str, v: Any, where: str) -> Any:
     return dict(v)
 
 
+BATCH_STRATEGIES = ("decode_first", "prefill_first", "round_robin")
+
+
+def _batch_strategy(key: str, v: Any, where: str) -> Any:
+    """A built-in strategy's name, or an object with a callable ``plan(active, budget)``
+    (workbench.engine.scheduler.BatchStrategy)."""
+    if isinstance(v, str) and v in BATCH_STRATEGIES:
+        return v
+    try:
+        plan = None if isinstance(v, str) else getattr(v, "plan", None)
+    except Exception:  # a user's object whose attribute lookup raises
+        plan = None
+    if not callable(plan):
+        raise InvalidOption(key, v, "one of " + ", ".join(repr(c) for c in BATCH_STRATEGIES)
+                            + ", or an object with a plan(active, budget) method", where)
+    return v
+
+
 def _rng(what: str, lo: Any, hi: Any) -> str:
     if lo is not None and hi is not None:
         return f"{what} in [{lo}, {hi}]"
@@ -302,6 +320,9 @@ class LoadConfig:
     cold_max_tokens: int | None = opt(None, _int(1, none_ok=True),
                                       "no cold checkpoint past this position; None = no bound")
     evict_save_timeout_ms: int = opt(30000, _int(0), "bound on evict()/shutdown() saves")
+    batch_strategy: Any = field(default="decode_first", compare=False, metadata={
+        "check": _batch_strategy, "doc": "which rows each decode carries: 'decode_first', 'prefill_first', "
+                                        "'round_robin', or an object with plan(active, budget)"})
 
     thinking_markers: dict[str, str] | None = opt(None, _thinking_markers,
                                                   "{'start', 'end'} of reasoning blocks; None = the template's")

@@ -1,15 +1,32 @@
-"""Where a request's prefill stops to save prefix-cache rows. A mixin of :class:`Engine`."""
+"""Save points: where a request's prefill stops, and the prefix-cache rows saved there.
+
+State: none of its own beyond its dependencies (the load config's checkpoint settings,
+the engine's :class:`~.prefix_cache.EngineCache` or None, the sequence pool whose context
+holds the KV, the counters). A request carries its remaining points in ``boundaries``; the
+batch strategy ends a chunk exactly at the next one (scheduler.prefill_take).
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import collections
 
 from ..cache import HitKind, SaveReason
+from ..options import LoadConfig
+from .prefix_cache import EngineCache
 from .request import Request
+from .seq_pool import SeqPool
+from .sessions import Session
 
 
-class CacheSaves:
-    def _save_points(self, req: Request, use_cache: bool) -> list[tuple[int, SaveReason | None]]:
+class SavePoints:
+    def __init__(self, cfg: LoadConfig, kvcache: EngineCache | None, pool: SeqPool,
+                 counters: collections.Counter[str]) -> None:
+        self._cfg = cfg
+        self._kvcache = kvcache
+        self._pool = pool
+        self._counters = counters
+
+    def plan(self, req: Request, use_cache: bool) -> list[tuple[int, SaveReason | None]]:
         """Where this request's prefill stops: before its last prompt token (always: that
         token is decoded alone, so a warm start that restores everything before it and
         decodes it alone computes exactly what the cold run did), and, with the cache, to
@@ -20,46 +37,75 @@ class CacheSaves:
         points: dict[int, SaveReason | None] = {}
         if n - 1 > start:
             points[n - 1] = None
-        if not use_cache:
+        if not use_cache or self._kvcache is None:
             return sorted(points.items())
         base = SaveReason.COLD if req.hit_kind is HitKind.COLD else SaveReason.CONTINUED
-        every, lo, hi = self.cfg.cold_checkpoint_interval, self.cfg.cold_min_tokens, self.cfg.cold_max_tokens
-        if every:
-            # inside the cold_min/cold_max band: each row holds the whole prefix, so an
-            # unbounded run of checkpoints on a very long prompt stores O(n^2) bytes
-            for pos in range(every, min(n - 1, hi + 1) if hi is not None else n - 1, every):
-                if pos > start and pos >= lo:
-                    points[pos] = base
+        for pos in self._checkpoints(n, start):
+            points[pos] = base
         agent = req.opts.prefix_checkpoint_len
-        if n - 1 >= self.cfg.cache_min_tokens and req.prompt_key is None and n - 1 > start and agent != n:
+        if n - 1 >= self._cfg.cache_min_tokens and req.prompt_key is None and n - 1 > start and agent != n:
             points[n - 1] = base
         if agent is not None and agent > start:
             points[agent] = SaveReason.AGENT_PREFIX
         elif agent is not None:
             # already in the KV (restored or sticky): pin the row of exactly that prefix
-            key = self.kvcache.key_for(req.prompt[:agent], req.opts.cache_scope)  # type: ignore[union-attr]
-            if key in self.kvcache.cache:  # type: ignore[union-attr]
-                self.kvcache.cache.pin(key)  # type: ignore[union-attr]
+            key = self._kvcache.key_for(req.prompt[:agent], req.opts.cache_scope)
+            if key in self._kvcache.cache:
+                self._kvcache.cache.pin(key)
         return sorted(points.items())
 
-    def _save(self, req: Request, tokens: list[int], reason: SaveReason) -> str | None:
-        assert self.kvcache is not None and req.seq is not None
+    def _checkpoints(self, n: int, start: int) -> range | list[int]:
+        """Cold checkpoints inside the cold_min/cold_max band: each row holds the whole
+        prefix, so an unbounded run of them on a very long prompt stores O(n^2) bytes."""
+        every, lo, hi = self._cfg.cold_checkpoint_interval, self._cfg.cold_min_tokens, self._cfg.cold_max_tokens
+        if not every:
+            return []
+        end = min(n - 1, hi + 1) if hi is not None else n - 1
+        return [pos for pos in range(every, end, every) if pos > start and pos >= lo]
+
+    def reached(self, req: Request) -> None:
+        """After a prefill chunk: save the rows of the points it ended at."""
+        while req.boundaries and req.boundaries[0][0] <= req.n_past:
+            pos, reason = req.boundaries.pop(0)
+            if pos == req.n_past and reason is not None:
+                key = self.save(req, req.prompt[:pos], reason)
+                if pos >= len(req.prompt) - 1:   # the prompt row (or an agent prefix of all of it)
+                    req.prompt_key = key
+
+    def at_finish(self, req: Request, reason: str) -> str | None:
+        """The request's finish key: a row of everything it decoded, else its prompt's row."""
+        if (reason != "cancelled" and self._kvcache is not None and req.opts.cache and req.seq is not None
+                and req.n_past > len(req.prompt)):
+            return self.save(req, (req.prompt + req.generated)[: req.n_past], SaveReason.FINISH)
+        return req.prompt_key
+
+    def save(self, req: Request, tokens: list[int], reason: SaveReason) -> str | None:
+        assert self._kvcache is not None and req.seq is not None
         live = req.session is not None and reason is SaveReason.FINISH
-        saved = self.kvcache.save(self.ctx, req.seq, tokens, req.opts.cache_scope, reason, sync=req.sync_saves,
-                                  live=live)
+        saved = self._kvcache.save(self._pool.ctx, req.seq, tokens, req.opts.cache_scope, reason,
+                                   sync=req.sync_saves, live=live)
         if saved is None:
-            self.counters["cache_saves_dropped"] += 1
+            self._counters["cache_saves_dropped"] += 1
             return None
         if saved.new:
             req.stored_upto = max(req.stored_upto, len(tokens))
         if live:
-            self._session_row(req.session, saved.key)
+            self.session_row(req.session, saved.key)
         return saved.key
 
-    def _session_row(self, sess: Any, key: str | None) -> None:
+    def save_session(self, sess: Session, reason: SaveReason) -> bool:
+        """Save an idle session's live KV as its row (synchronously); False when not saved."""
+        if self._kvcache is None or not sess.tokens or sess.seq is None:
+            return False
+        row = self._kvcache.save(self._pool.ctx, sess.seq, sess.tokens, sess.scope, reason, sync=True, live=True)
+        if row is not None:
+            self.session_row(sess, row.key)
+        return row is not None
+
+    def session_row(self, sess: Session, key: str | None) -> None:
         """The session's newest row is the live one (what its next turn restores from if its
         sequence is reclaimed); the previous one becomes an ordinary row. key=None: the
         session is gone."""
-        if self.kvcache is not None and sess.live_key is not None and sess.live_key != key:
-            self.kvcache.set_live(sess.live_key, False)
+        if self._kvcache is not None and sess.live_key is not None and sess.live_key != key:
+            self._kvcache.set_live(sess.live_key, False)
         sess.live_key = key

@@ -1,13 +1,21 @@
-"""One loaded model: the native model and context, and the loop thread that drives them.
+"""One loaded model: the native model, the parts that run it, and the loop thread.
 
-The loop owns the context, the sequences and the sessions. Each tick it runs queued
-commands (end/reset session), admits queued requests onto sequences, builds ONE batch
-(decode rows + prefill chunks, see scheduler.py), runs one native decode with the GIL
-released and a wall-clock budget, then samples each sequence that produced logits.
-Other threads talk to it only through the admission queue, the command queue, a request's
-cancel flag, and plain attributes they read (phase, counts) without waiting on the loop.
-Sessions, adapters, cache save points and decode-failure recovery live in mixins
-(session_ops, adapter_ops, cache_saves, recovery).
+`Engine` composes (each part in its own module, with its own declared state):
+
+- ``pool`` (seq_pool.SeqPool): the native context and its sequences, the only code that
+  takes, frees, reclaims, trims or resets them;
+- ``sessions`` (sessions.SessionTable) and ``session_commands`` (end / reset / evict);
+- ``table`` (request_table.RequestTable): pending, active and live requests, and retiring;
+- ``adapters`` (adapter_ops.AdapterSet), ``saves`` (cache_saves.SavePoints),
+  ``admission`` (admission.Admission), ``results`` (results.BatchResults: sampling, events,
+  finishing), ``recovery`` (recovery.Recovery);
+- ``strategy`` (scheduler: the load option ``batch_strategy``).
+
+Each tick runs queued commands, admits queued requests, finishes cancelled ones, then three
+steps: plan the batch (the strategy, its plan checked), run the native decode (GIL
+released, within ``decode_budget_ms``), apply the results (sampling, events, save points).
+Other threads talk to the loop only through the admission queue, the command queue, a
+request's cancel flag, and plain attributes they read without waiting on the loop.
 """
 
 from __future__ import annotations
@@ -16,35 +24,52 @@ import collections
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 from .. import _native
-from ..errors import (ContextOverflow, EngineStopped, InvalidOption, LoadError, NoSession, QueueFull, SeqCapacity,
-                      SessionBusy, TranscriptMismatch)
+from ..cache import HitKind, SaveReason
+from ..errors import (
+    ContextOverflow,
+    EngineStopped,
+    InvalidBatchPlan,
+    InvalidOption,
+    LoadError,
+    NoSession,
+    QueueFull,
+    SeqCapacity,
+    SessionBusy,
+    TranscriptMismatch,
+)
 from ..models import check_model_file, fingerprint
 from ..models.probe import probe
 from ..options import LoadConfig, RequestOptions
-from ..cache import HitKind, SaveReason
-from .grammars import GrammarCache, grammar_dead_end
+from .adapter_ops import AdapterSet, AdapterSlot
+from .admission import Admission
+from .batch import DecodeBatch, build_batch, view_of
+from .cache_saves import SavePoints
+from .grammars import GrammarCache
 from .prefix_cache import EngineCache
-from .request import Request, next_ref
-from .scheduler import plan_batch
-from .adapter_ops import AdapterOps, AdapterSlot
-from .cache_saves import CacheSaves
 from .recovery import Recovery
-from .session_ops import COMMAND_TIMEOUT_S, SessionOps
+from .request import Request, next_ref
+from .request_setup import reasoning_budget, special_ids
+from .request_table import RequestTable
+from .results import BatchResults
+from .scheduler import BatchPlan, Budget, plan_problem, strategy_for, strategy_name
+from .seq_pool import SeqPool
+from .session_commands import SessionCommands
 from .sessions import SessionTable, common_prefix
 
+COMMAND_TIMEOUT_S = 5.0
 COUNTER_NAMES = ("decode_calls", "decoded_tokens", "decode_aborted", "decode_timeouts", "finished_stop",
                  "finished_length", "finished_cancelled", *(kind.counter for kind in HitKind),
                  "sessions_reclaimed", "sessions_reset", "cache_restore_failed", "cache_seq_not_cleared",
-                 "cache_saves_dropped", "cache_evicted_sessions", "adapter_changes")
+                 "cache_saves_dropped", "cache_evicted_sessions", "adapter_changes", "bad_batch_plans")
 
 
-class Engine(SessionOps, AdapterOps, CacheSaves, Recovery):
+class Engine:
     """A loaded model and its loop thread. Create with :meth:`load`."""
 
     def __init__(self, model_id: str, path: Path, cfg: LoadConfig, native_model: Any, ctx_params: dict[str, Any]):
@@ -53,44 +78,44 @@ class Engine(SessionOps, AdapterOps, CacheSaves, Recovery):
         self.cfg = cfg
         self.model = native_model
         self.ctx_params = ctx_params
-        self.ctx = _native.Context(native_model, ctx_params)
         self.fingerprint = fingerprint(path)
         self.loaded_at = time.time()
         self.last_active = time.monotonic()
         self.counters: collections.Counter[str] = collections.Counter(dict.fromkeys(COUNTER_NAMES, 0))
-        n_batch = self.ctx.n_batch
-        if cfg.prefill_chunk_size is None:
-            self.chunk: int | None = None
-        elif cfg.prefill_chunk_size == -1:
-            self.chunk = max(64, n_batch // 4)
-        else:
-            self.chunk = cfg.prefill_chunk_size
         self.grammars = GrammarCache(native_model)
-        gpu_layers = cfg.n_gpu_layers if _native.cuda else 0
-        self.kvcache = EngineCache(self.fingerprint, native_model.desc, dict(ctx_params, n_gpu_layers=gpu_layers),
-                                   self.counters, native_model.n_layer * native_model.n_embd) if cfg.cache else None
-        self.sessions = SessionTable()
-        # LoRA: the applied set, and a requested set applied once nothing is running (every
-        # request runs under one adapter set from admission to end)
-        self.adapters: list[AdapterSlot] = []
-        self._adapter_target: list[AdapterSlot] | None = None
-        # state shared with other threads: written by the loop, read anywhere
-        self.phase = "idle"
-        self.last_hit: dict[str, Any] | None = None
-        self.pending: collections.deque[Request] = collections.deque()
-        self.active: list[Request] = []
-        self.requests: dict[int, Request] = {}
-        self._free_seqs = list(range(self.ctx.n_seq_max))
-        self._commands: collections.deque[tuple[Callable[[], Any], Future]] = collections.deque()
         self._cv = threading.Condition()
+        self._compose()
+        n_batch = self.ctx.n_batch
+        chunk = cfg.prefill_chunk_size
+        self.chunk: int | None = max(64, n_batch // 4) if chunk == -1 else chunk
+        self.budget = Budget(n_batch, self.chunk)
+        self.strategy = strategy_for(cfg.batch_strategy)
+        # written by the loop, read anywhere
+        self.phase = "idle"
+        self._commands: collections.deque[tuple[Callable[[], Any], Future]] = collections.deque()
         self._stopping = False
         self._in_decode: set[int] = set()
-        self._thread = threading.Thread(target=self._run, name=f"workbench-loop-{model_id}", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"workbench-loop-{self.model_id}", daemon=True)
         self._thread.start()
+
+    def _compose(self) -> None:
+        cfg, counters, lock = self.cfg, self.counters, self._cv
+        gpu_layers = cfg.n_gpu_layers if _native.cuda else 0
+        self.kvcache = EngineCache(self.fingerprint, self.model.desc, dict(self.ctx_params, n_gpu_layers=gpu_layers),
+                                   counters, self.model.n_layer * self.model.n_embd) if cfg.cache else None
+        self.sessions = SessionTable()
+        self.pool = SeqPool(self.model, self.ctx_params, self.sessions, counters, lock)
+        self.table = RequestTable(self.pool, self.sessions, lock)
+        self.adapters = AdapterSet(self.pool, self.kvcache, counters, lock)
+        self.saves = SavePoints(cfg, self.kvcache, self.pool, counters)
+        self.admission = Admission(self.model, self.pool, self.table, self.saves, self.kvcache, counters, lock)
+        self.session_commands = SessionCommands(self.sessions, self.pool, self.table, self.saves, counters, lock)
+        self.recovery = Recovery(self.pool, self.table, self.adapters, counters, cfg.decode_budget_ms)
+        self.results = BatchResults(self.model, self.pool, self.table, self.saves, counters)
 
     # --- construction ------------------------------------------------------------------
     @classmethod
-    def load(cls, model_id: str, path: Path, cfg: LoadConfig) -> "Engine":
+    def load(cls, model_id: str, path: Path, cfg: LoadConfig) -> Engine:
         path = check_model_file(path)
         n_gpu = cfg.n_gpu_layers if _native.cuda else 0
         # in a child process first: llama.cpp aborts the process on many malformed files
@@ -111,6 +136,26 @@ class Engine(SessionOps, AdapterOps, CacheSaves, Recovery):
             raise LoadError(str(e)) from None
 
     # --- public, any thread --------------------------------------------------------------
+    @property
+    def ctx(self) -> Any:
+        return self.pool.ctx
+
+    @property
+    def pending(self) -> collections.deque[Request]:
+        return self.table.pending
+
+    @property
+    def active(self) -> list[Request]:
+        return self.table.active
+
+    @property
+    def requests(self) -> dict[int, Request]:
+        return self.table.by_ref
+
+    @property
+    def last_hit(self) -> dict[str, Any] | None:
+        return self.admission.last_hit
+
     def submit(self, prompt: list[int], opts: RequestOptions, *, continue_session: bool = False,
                expect_committed: list[int] | None = None, sync_saves: bool = False) -> Request:
         """Queue a request; admission errors (capacity, sessions, grammar) raise here."""
@@ -130,58 +175,34 @@ class Engine(SessionOps, AdapterOps, CacheSaves, Recovery):
                     raise TranscriptMismatch(len(sess.tokens), len(expect_committed),
                                              common_prefix(sess.tokens, list(expect_committed)))
                 prompt = sess.tokens + list(prompt)
-            if len(prompt) >= self.ctx.n_ctx:
-                raise ContextOverflow(len(prompt), self.ctx.n_ctx, "leave room for at least one generated token")
-            if opts.prefix_checkpoint_len is not None and opts.prefix_checkpoint_len > len(prompt):
-                raise InvalidOption("prefix_checkpoint_len", opts.prefix_checkpoint_len,
-                                    f"at most the prompt length ({len(prompt)})")
-            if sess is None or sess.seq is None:
-                placeable = len(self._free_seqs) + len(self.sessions.idle_pinned()) - len(self.pending)
-                if opts.on_full == "error" and placeable <= 0:
-                    raise SeqCapacity(self.model_id, self.ctx.n_seq_max)
-                if 1 - placeable > self.cfg.max_queue:
-                    raise QueueFull(self.model_id, self.cfg.max_queue)
+            self._check_room(prompt, opts, needs_seq=sess is None or sess.seq is None)
             req = Request(ref=next_ref(), model_id=self.model_id, prompt=list(prompt), opts=opts, seed=seed)
             req.grammar = grammar
             req.continues = continue_session
-            req.reasoning_budget = self._reasoning_budget(opts, req.prompt)
-            req.special = self._special_ids(opts.render_special)
+            req.reasoning_budget = reasoning_budget(self.model, opts, req.prompt)
+            req.special = special_ids(self.model, opts.render_special)
             req.sync_saves = sync_saves
             if sid is not None:
                 req.session = self.sessions.get_or_create(sid, opts.cache_scope)
                 req.session.busy_ref = req.ref
-            self.pending.append(req)
-            self.requests[req.ref] = req
+            self.table.add(req)
             self._cv.notify()
         return req
 
-    def _special_ids(self, render: bool | tuple[str, ...]) -> bool | frozenset[int]:
-        """render_special as the loop uses it: a bool, or the ids whose text is shown."""
-        if isinstance(render, bool):
-            return render
-        ids = set()
-        for s in render:
-            t = self.model.tokenize(s, False, True)
-            if len(t) != 1 or self.model.token_to_piece(t[0], False) == self.model.token_to_piece(t[0], True):
-                raise InvalidOption("render_special", list(render),
-                                    f"special tokens of this model ({s!r} is not one)")
-            ids.add(t[0])
-        return frozenset(ids)
-
-    def _reasoning_budget(self, opts: RequestOptions, prompt: list[int]) -> dict[str, Any] | None:
-        """The budget sampler's token sequences. A prompt that ends with the start marker
-        (the template opened the block) starts the count at the first generated token, as
-        the thinking splitter does."""
-        rb = opts.reasoning_budget
-        if rb is None:
-            return None
-        tok = lambda s: self.model.tokenize(s, False, True) if s else []  # noqa: E731
-        end = tok(rb["end"])
-        if not end:
-            raise InvalidOption("reasoning_budget", rb, "an end marker that tokenizes to at least one token")
-        tail = self.model.detokenize(prompt[-16:], False, True).decode("utf-8", "replace").rstrip()
-        return {"budget": rb["tokens"], "start": tok(rb["start"]), "end": end, "forced": tok(rb["message"]) + end,
-                "inside": not rb["start"] or tail.endswith(rb["start"])}
+    def _check_room(self, prompt: list[int], opts: RequestOptions, needs_seq: bool) -> None:
+        """The prompt fits the context, and (without a pinned sequence) there is a sequence
+        or a queue place for it."""
+        if len(prompt) >= self.ctx.n_ctx:
+            raise ContextOverflow(len(prompt), self.ctx.n_ctx, "leave room for at least one generated token")
+        if opts.prefix_checkpoint_len is not None and opts.prefix_checkpoint_len > len(prompt):
+            raise InvalidOption("prefix_checkpoint_len", opts.prefix_checkpoint_len,
+                                f"at most the prompt length ({len(prompt)})")
+        if needs_seq:
+            placeable = self.pool.n_placeable() - len(self.table.pending)
+            if opts.on_full == "error" and placeable <= 0:
+                raise SeqCapacity(self.model_id, self.ctx.n_seq_max)
+            if 1 - placeable > self.cfg.max_queue:
+                raise QueueFull(self.model_id, self.cfg.max_queue)
 
     def cancel(self, req: Request) -> None:
         """Idempotent; observed at the next token boundary (a long prefill is interrupted)."""
@@ -195,17 +216,18 @@ class Engine(SessionOps, AdapterOps, CacheSaves, Recovery):
 
     def queue_depth(self) -> int:
         """Requests running on a sequence now."""
-        return len(self.active)
+        return len(self.table.active)
 
     def pending_len(self) -> int:
         """Requests waiting for a sequence."""
-        return len(self.pending)
+        return len(self.table.pending)
 
     def info(self) -> dict[str, Any]:
         m, c = self.model, self.ctx
         with self._cv:
             pinned_idle = len(self.sessions.idle_pinned())
             n_sessions = len(self.sessions)
+            available = self.pool.n_free()
         return {
             "model_id": self.model_id,
             "path": str(self.path),
@@ -224,17 +246,44 @@ class Engine(SessionOps, AdapterOps, CacheSaves, Recovery):
             "type_k": self.ctx_params["type_k"],
             "type_v": self.ctx_params["type_v"],
             "prefill_chunk_size": self.chunk,
-            "available_seqs": len(self._free_seqs),
+            "batch_strategy": strategy_name(self.strategy),
+            "available_seqs": available,
             "pinned_idle_seqs": pinned_idle,
             "sessions": n_sessions,
             "phase": self.phase,
-            "queue_depth": len(self.active),
-            "pending_len": len(self.pending),
+            "queue_depth": len(self.table.active),
+            "pending_len": len(self.table.pending),
             "grammar_cache": self.grammars.stats(),
             "adapters": [a.info() for a in self.adapter_list()],
             "has_chat_template": m.chat_template is not None,
             "gpu": bool(_native.cuda),
         }
+
+    # --- adapters and sessions (any thread; session commands run on the loop) ----------------
+    def request_adapters(self, change: Callable[[list[AdapterSlot]], list[AdapterSlot]]) -> None:
+        """Change the adapter set; it applies before the next admission."""
+        self.adapters.request(change)
+
+    def adapter_list(self) -> list[AdapterSlot]:
+        return self.adapters.listed()
+
+    def end_session(self, session_id: Hashable, scope: str) -> None:
+        self._call(lambda: self.session_commands.end(session_id, scope))
+
+    def reset_session(self, session_id: Hashable, scope: str) -> str:
+        """Force-drop a session (its in-flight request ends with SessionReset)."""
+        return self._call(lambda: self.session_commands.reset(session_id, scope), interrupt=True)
+
+    def evict(self, reason: SaveReason = SaveReason.EVICT) -> int:
+        """Save every idle session's live KV to the prefix cache and release its sequence;
+        bounded by evict_save_timeout_ms; returns the rows saved."""
+        budget_s = self.cfg.evict_save_timeout_ms / 1000
+        return self._call(lambda: self.session_commands.evict(reason, budget_s), timeout=budget_s + COMMAND_TIMEOUT_S)
+
+    def session_info(self, scope: str | None = None) -> list[dict[str, Any]]:
+        """Every session, or those of one cache scope."""
+        with self._cv:
+            return [s.info() for s in self.sessions if scope is None or s.scope == scope]
 
     def stop(self) -> None:
         """Stop the loop, fail what is queued or running, free native memory."""
@@ -243,9 +292,8 @@ class Engine(SessionOps, AdapterOps, CacheSaves, Recovery):
             self.ctx.request_abort()
             self._cv.notify()
         self._thread.join()
-        for sess in self.sessions:       # its sessions' rows become ordinary rows
-            self._session_row(sess, None)
-        self.ctx.close()
+        self.session_commands.forget_all()
+        self.pool.close()
         self.model.close()
 
     def _call(self, fn: Callable[[], Any], interrupt: bool = False, timeout: float = COMMAND_TIMEOUT_S) -> Any:
@@ -269,7 +317,7 @@ class Engine(SessionOps, AdapterOps, CacheSaves, Recovery):
         try:
             while True:
                 with self._cv:
-                    while not (self._stopping or self.pending or self.active or self._commands):
+                    while not (self._stopping or self.table.pending or self.table.active or self._commands):
                         self.phase = "idle"
                         self._cv.wait()
                     if self._stopping:
@@ -281,14 +329,11 @@ class Engine(SessionOps, AdapterOps, CacheSaves, Recovery):
         self._fail_all(EngineStopped(f"model {self.model_id!r} was unloaded"))
 
     def _fail_all(self, reason: BaseException) -> None:
+        for req in self.table.take_all():
+            self.table.fail(req, reason)
         with self._cv:
-            victims = list(self.pending) + list(self.active)
-            self.pending.clear()
             commands = list(self._commands)
             self._commands.clear()
-        for req in victims:
-            self._retire(req, keep_kv=False)
-            req.fail(reason)
         for _, fut in commands:
             fut.set_exception(EngineStopped(f"model {self.model_id!r} was unloaded"))
         self.phase = "idle"
@@ -297,51 +342,16 @@ class Engine(SessionOps, AdapterOps, CacheSaves, Recovery):
         self.last_active = time.monotonic()
         self._run_commands()
         self._admit()
-        for req in [r for r in self.active if r.cancel_requested]:
-            self._finish(req, "cancelled")
-        if not self.active:
+        for req in [r for r in self.table.active if r.cancel_requested]:
+            self.results.finish(req, "cancelled")
+        batch = self._plan()
+        if batch is None:
             return
-        plan = plan_batch(self.active, self.ctx.n_batch, self.chunk)
-        if not plan.slices:
-            return
-        self.phase = "prefilling" if any(r.phase == "prefilling" for r in self.active) else "generating"
-        now = time.perf_counter()
-        for s in plan.slices:
-            r = s.request
-            if r.phase == "prefilling" and r.prefill_started_at is None:
-                r.prefill_started_at = now  # type: ignore[attr-defined]
-        with self._cv:
-            self._in_decode = {s.request.ref for s in plan.slices}  # type: ignore[attr-defined]
-            self.ctx.clear_abort()
-        rc = self.ctx.decode(plan.tokens, plan.pos, plan.seq, plan.logits, float(self.cfg.decode_budget_ms))
-        with self._cv:
-            self._in_decode = set()
-        self.counters["decode_calls"] += 1
+        rc = self._decode(batch)
         if rc != 0:
-            self._decode_failed(rc, plan)
+            self.recovery.decode_failed(rc, batch)
             return
-        self.counters["decoded_tokens"] += len(plan)
-        now = time.perf_counter()
-        for s in plan.slices:
-            req: Request = s.request  # type: ignore[assignment]
-            req.n_past += s.take
-            del req.feed[: s.take]
-            if req.phase == "prefilling":
-                req.prefilled += s.take
-                while req.boundaries and req.boundaries[0][0] <= req.n_past:
-                    pos, reason = req.boundaries.pop(0)
-                    if pos == req.n_past and reason is not None:
-                        key = self._save(req, req.prompt[:pos], reason)
-                        if pos >= len(req.prompt) - 1:   # the prompt row (or an agent prefix of all of it)
-                            req.prompt_key = key
-            if s.logits_row is not None:
-                if req.phase == "prefilling":
-                    req.prefill_done_at = now
-                    req.phase = "generating"
-                if req.opts.response_tokens == 0:
-                    self._finish(req, "length")     # prefill only: nothing to sample
-                else:
-                    self._sample(req, s.logits_row)
+        self.results.apply(batch)
 
     def _run_commands(self) -> None:
         while True:
@@ -351,165 +361,71 @@ class Engine(SessionOps, AdapterOps, CacheSaves, Recovery):
                 fn, fut = self._commands.popleft()
             try:
                 fut.set_result(fn())
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 - the command's error is its caller's
                 fut.set_exception(e)
 
-    # --- admission -----------------------------------------------------------------------
     def _admit(self) -> None:
-        if self._adapter_target is not None:
-            if self.active:
+        if self.adapters.change_waiting:
+            if self.table.active:
                 return  # hold admissions until the requests admitted under the old set end
-            self._apply_adapters()
-        placed: list[Request] = []
-        with self._cv:
-            while self.pending:
-                req = self.pending[0]
-                if req.cancel_requested:
-                    self.pending.popleft()
-                    self._retire(req, keep_kv=False)
-                    req.finish("cancelled")
-                    continue
-                sess = req.session
-                had_kv = sess is not None and sess.seq is not None
-                seq = sess.seq if had_kv else self._take_seq()
-                if seq is None:
-                    break  # FIFO: the head waits for a sequence, so does everyone behind it
-                self.pending.popleft()
-                req.seq = seq
-                req.kv_tokens = list(sess.tokens) if had_kv else []
-                if sess is not None:
-                    sess.seq = seq
-                self.active.append(req)
-                placed.append(req)
-        for req in placed:
-            self._start(req)
+            self.adapters.apply()
+        self.admission.admit()
 
-    def _take_seq(self) -> int | None:
-        """A free sequence, else the least recently used idle session's (never an in-flight one)."""
-        if self._free_seqs:
-            return self._free_seqs.pop(0)
-        idle = self.sessions.idle_pinned()
-        if not idle:
+    # --- step 1: plan ----------------------------------------------------------------------
+    def _plan(self) -> DecodeBatch | None:
+        """The strategy's plan for the running requests, checked, as native rows. A plan
+        that cannot run fails the running requests (the loop goes on)."""
+        active = self.table.active
+        if not active:
             return None
-        victim = idle[0]
-        seq, victim.seq = victim.seq, None
-        self.ctx.seq_rm(seq, -1, -1)
-        self.counters["sessions_reclaimed"] += 1
-        return seq
-
-    def _start(self, req: Request) -> None:
+        views = [view_of(r) for r in active]
         try:
-            req.sampler = _native.Sampler(self.model, _sampler_params(req))
-        except ValueError as e:
-            self._retire(req, keep_kv=False)
-            req.fail(e)
-            return
-        # keep the longest common prefix of what the sequence holds; at least one prompt
-        # token must be decoded again to get logits to sample from
-        reuse = min(common_prefix(req.kv_tokens, req.prompt), len(req.prompt) - 1)
-        if reuse > 0:
-            req.hit_kind = HitKind.CONTINUATION if req.continues else HitKind.STICKY
-        use_cache = self.kvcache is not None and req.opts.cache
-        if reuse == 0 and use_cache and len(req.prompt) > 1:
-            restored = self.kvcache.restore(self.ctx, req.seq, req.prompt, req.opts.cache_scope,
-                                            req.opts.parent_key)
-            if restored is not None:
-                reuse = min(restored.n_tokens, len(req.prompt) - 1)
-                req.hit_kind = restored.kind
-                if restored.n_tokens == len(req.prompt) - 1:
-                    req.prompt_key = restored.key
-        self.ctx.seq_rm(req.seq, reuse, -1)
-        req.kv_tokens = []
-        req.n_past = req.reused = reuse
-        req.feed = req.prompt[reuse:]
-        req.boundaries = self._save_points(req, use_cache)
-        req.admitted_at = time.perf_counter()
-        req.phase = "prefilling"
-        self.counters[req.hit_kind.counter] += 1
-        self.last_hit = {"ref": req.ref, "kind": req.hit_kind.value, "reused_tokens": reuse,
-                         "prompt_tokens": len(req.prompt), "session_id": req.opts.session_id}
+            plan = self.strategy.plan(views, self.budget)
+            if isinstance(plan, BatchPlan) and isinstance(plan.takes, (list, tuple)):
+                plan = BatchPlan(list(plan.takes))  # a snapshot: what is checked is what runs
+            problem = plan_problem(plan, views, self.budget)
+        except Exception as e:  # noqa: BLE001 - a user's strategy: its error fails the requests, not the loop
+            problem = f"plan() raised {_describe(e)}"
+        if problem is not None:
+            self._bad_plan(problem)
+            return None
+        batch = build_batch(plan, {r.ref: r for r in active})
+        self.phase = "prefilling" if any(r.phase == "prefilling" for r in active) else "generating"
+        return batch
 
-    # --- per token -----------------------------------------------------------------------
-    def _sample(self, req: Request, row: int) -> None:
-        try:
-            token = req.sampler.sample(self.ctx, row)
-        except ValueError as e:  # the grammar left no token to sample (csrc/sampler.cpp)
-            self._retire(req, keep_kv=False)
-            req.fail(grammar_dead_end(req.opts.grammar, req.opts.json_schema, e))
-            return
+    def _bad_plan(self, problem: str) -> None:
+        self.counters["bad_batch_plans"] += 1
+        err = InvalidBatchPlan(strategy_name(self.strategy), problem)
+        for req in list(self.table.active):
+            self.table.fail(req, err)
+
+    # --- step 2: decode ----------------------------------------------------------------------
+    def _decode(self, batch: DecodeBatch) -> int:
+        """One native decode (GIL released, within decode_budget_ms); llama_decode's code."""
         now = time.perf_counter()
-        if req.first_token_at is None:
-            req.first_token_at = now
-        if self.model.is_eog(token):
-            self._finish(req, "stop")
-            return
-        req.generated.append(token)
-        req.last_token_at = now
-        special = req.special if isinstance(req.special, bool) else token in req.special
-        req.emit_token(token, self.model.token_to_piece(token, special))
-        if req.text is not None and req.text.stop_hit is not None:
-            self._finish(req, "stop")
-        elif len(req.generated) >= req.opts.response_tokens or req.n_past + 1 >= self.ctx.n_ctx:
-            self._finish(req, "length")
-        else:
-            req.feed = [token]
-
-    # --- the end of a request --------------------------------------------------------------
-    def _finish(self, req: Request, reason: str) -> None:
-        req.finish_key = req.prompt_key
-        if (reason != "cancelled" and self.kvcache is not None and req.opts.cache and req.seq is not None
-                and req.n_past > len(req.prompt)):
-            req.finish_key = self._save(req, (req.prompt + req.generated)[: req.n_past], SaveReason.FINISH)
-        self._retire(req, keep_kv=True)
-        req.finish(reason)  # type: ignore[arg-type]
-        self.counters[f"finished_{reason}"] += 1
-
-    def _retire(self, req: Request, keep_kv: bool) -> None:
-        """Free what the request holds. A session keeps its sequence and KV when keep_kv."""
-        if req.sampler is not None:
-            req.sampler.close()
-            req.sampler = None
-        if req in self.active:
-            self.active.remove(req)
+        for s in batch.slices:
+            if s.request.phase == "prefilling" and s.request.prefill_started_at is None:
+                s.request.prefill_started_at = now
         with self._cv:
-            self.requests.pop(req.ref, None)
-            sess = req.session
-            owned = sess is not None and self.sessions.holds(sess) and sess.busy_ref == req.ref
-            if owned:
-                sess.busy_ref = None
-                sess.last_used = time.monotonic()
-                if keep_kv and req.seq is not None:
-                    sess.tokens = (req.prompt + req.generated)[: req.n_past]
-                    req.seq = None  # stays pinned to the session
-                    return
-                if req.seq is None:
-                    return  # never admitted: the session's pinned KV is untouched
-                sess.seq = None
-            if req.seq is not None:
-                self.ctx.seq_rm(req.seq, -1, -1)
-                self._free_seqs.append(req.seq)
-                self._free_seqs.sort()
-                req.seq = None
+            self._in_decode = {s.request.ref for s in batch.slices}
+            self.ctx.clear_abort()
+        rc = self.ctx.decode(batch.tokens, batch.pos, batch.seq, batch.logits, float(self.cfg.decode_budget_ms))
+        with self._cv:
+            self._in_decode = set()
+        self.counters["decode_calls"] += 1
+        if rc == 0:
+            self.counters["decoded_tokens"] += len(batch)
+        return rc
 
-
-def _sampler_params(req: Request) -> dict[str, Any]:
-    o = req.opts
-    return {
-        "temperature": o.temperature,
-        "top_k": o.top_k,
-        "top_p": o.top_p,
-        "min_p": o.min_p,
-        "repetition_penalty": o.repetition_penalty,
-        "repeat_last_n": o.repeat_last_n,
-        "seed": req.seed,
-        "grammar_proto": req.grammar,
-        "reasoning_budget": req.reasoning_budget,
-        "ignore_eos": o.ignore_eos,
-    }
+def _describe(e: Exception) -> str:
+    try:
+        return f"{type(e).__name__}: {e}"
+    except Exception:  # noqa: BLE001 - a user's exception whose str() raises
+        return type(e).__name__
 
 
 def model_id_for(path: Path, taken: set[str]) -> str:
-    base = path.name[:-5] if path.name.endswith(".gguf") else path.name
+    base = path.name.removesuffix(".gguf")
     base = base.lower() or "model"
     candidate, n = base, 2
     while candidate in taken:

@@ -1,0 +1,108 @@
+"""Admission: queued requests onto sequences (FIFO), then each one's starting point.
+
+A request starts from the longest KV it can reuse: its session's live KV (sticky, or a
+``continue_session`` continuation), else the longest cached prefix (or ``parent_key``'s
+row), else nothing (cold). At least its last prompt token is always decoded again, to get
+logits to sample from. Its save points are set here (cache_saves.SavePoints.plan).
+
+State: ``last_hit``, the newest admission's hit (read by any thread); the rest it is given.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from typing import Any
+
+from .. import _native
+from ..cache import HitKind
+from .cache_saves import SavePoints
+from .prefix_cache import EngineCache
+from .request import Request
+from .request_setup import sampler_params
+from .request_table import RequestTable
+from .seq_pool import SeqPool
+from .sessions import common_prefix
+
+
+class Admission:
+    def __init__(self, model: Any, pool: SeqPool, table: RequestTable, saves: SavePoints,
+                 kvcache: EngineCache | None, counters: collections.Counter[str], lock: threading.Condition) -> None:
+        self._model = model
+        self._pool = pool
+        self._table = table
+        self._saves = saves
+        self._kvcache = kvcache
+        self._counters = counters
+        self._lock = lock
+        self.last_hit: dict[str, Any] | None = None
+
+    def admit(self) -> None:
+        for req in self._place():
+            self._start(req)
+
+    def _place(self) -> list[Request]:
+        """Queued requests onto sequences, in order; the head waits for one, so does everyone
+        behind it. A cancelled queued request finishes here."""
+        placed: list[Request] = []
+        pending = self._table.pending
+        with self._lock:
+            while pending:
+                req = pending[0]
+                if req.cancel_requested:
+                    pending.popleft()
+                    self._table.retire(req, keep_kv=False)
+                    req.finish("cancelled")
+                    continue
+                sess = req.session
+                had_kv = sess is not None and sess.seq is not None
+                seq = sess.seq if had_kv else self._pool.take()
+                if seq is None:
+                    break
+                pending.popleft()
+                req.seq = seq
+                req.kv_tokens = list(sess.tokens) if had_kv else []
+                if sess is not None:
+                    sess.seq = seq
+                self._table.active.append(req)
+                placed.append(req)
+        return placed
+
+    def _start(self, req: Request) -> None:
+        try:
+            req.sampler = _native.Sampler(self._model, sampler_params(req))
+        except ValueError as e:
+            self._table.fail(req, e)
+            return
+        use_cache = self._kvcache is not None and req.opts.cache
+        reuse = self._reuse(req, use_cache)
+        assert req.seq is not None
+        self._pool.trim(req.seq, reuse)
+        req.kv_tokens = []
+        req.n_past = req.reused = reuse
+        req.feed = req.prompt[reuse:]
+        req.boundaries = self._saves.plan(req, use_cache)
+        req.admitted_at = time.perf_counter()
+        req.phase = "prefilling"
+        self._counters[req.hit_kind.counter] += 1
+        self.last_hit = {"ref": req.ref, "kind": req.hit_kind.value, "reused_tokens": reuse,
+                         "prompt_tokens": len(req.prompt), "session_id": req.opts.session_id}
+
+    def _reuse(self, req: Request, use_cache: bool) -> int:
+        """Prompt tokens whose KV the sequence holds now (sets the hit kind)."""
+        reuse = min(common_prefix(req.kv_tokens, req.prompt), len(req.prompt) - 1)
+        if reuse > 0:
+            req.hit_kind = HitKind.CONTINUATION if req.continues else HitKind.STICKY
+            return reuse
+        if not use_cache or len(req.prompt) <= 1:
+            return 0
+        assert self._kvcache is not None and req.seq is not None
+        restored = self._kvcache.restore(self._pool.ctx, req.seq, req.prompt, req.opts.cache_scope,
+                                         req.opts.parent_key)
+        if restored is None:
+            return 0
+        req.hit_kind = restored.kind
+        if restored.n_tokens == len(req.prompt) - 1:
+            req.prompt_key = restored.key
+        return min(restored.n_tokens, len(req.prompt) - 1)

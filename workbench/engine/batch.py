@@ -1,0 +1,59 @@
+"""The native rows of one decode, built from a checked :class:`~.scheduler.BatchPlan`.
+
+The engine, not the strategy, turns a plan into token / position / sequence / logits
+arrays, from the requests' own state: a strategy names requests and counts, nothing more.
+A slice asks for logits on its last row exactly when it takes the rest of its feed (the
+last prompt token, or a generated token), since only then is there a token to sample.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from .request import Request
+from .scheduler import BatchPlan, SeqView
+
+
+@dataclass(slots=True)
+class Slice:
+    """``take`` tokens of one request's feed at positions n_past.., output row if sampled."""
+
+    request: Request
+    take: int
+    logits_row: int | None          # batch index whose logits are sampled, None = no sample
+
+
+@dataclass(slots=True)
+class DecodeBatch:
+    tokens: list[int] = field(default_factory=list)
+    pos: list[int] = field(default_factory=list)
+    seq: list[int] = field(default_factory=list)
+    logits: list[int] = field(default_factory=list)
+    slices: list[Slice] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def add(self, req: Request, take: int) -> None:
+        assert req.seq is not None
+        start = len(self.tokens)
+        self.tokens.extend(req.feed[:take])
+        self.pos.extend(range(req.n_past, req.n_past + take))
+        self.seq.extend([req.seq] * take)
+        complete = take == len(req.feed)
+        self.logits.extend([0] * (take - 1) + [1 if complete else 0])
+        self.slices.append(Slice(req, take, start + take - 1 if complete else None))
+
+
+def view_of(req: Request) -> SeqView:
+    return SeqView(ref=req.ref, phase=req.phase, feed=len(req.feed), n_past=req.n_past, boundary=req.boundary,
+                   prompt_tokens=len(req.prompt), generated=len(req.generated))
+
+
+def build_batch(plan: BatchPlan, by_ref: Mapping[int, Request]) -> DecodeBatch:
+    """The rows of a plan that :func:`~.scheduler.plan_problem` accepted."""
+    batch = DecodeBatch()
+    for t in plan.takes:
+        batch.add(by_ref[t.ref], t.n)
+    return batch

@@ -1,0 +1,60 @@
+"""A request's native settings from its options: which special tokens it shows, the token
+form of its reasoning budget, its sampler chain's parameters. Pure functions of the model's
+vocabulary and the options; the engine calls them when a request is submitted or admitted.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import InvalidOption
+from ..options import RequestOptions
+from .request import Request
+
+
+def special_ids(model: Any, render: bool | tuple[str, ...]) -> bool | frozenset[int]:
+    """render_special as the loop uses it: a bool, or the ids whose text is shown."""
+    if isinstance(render, bool):
+        return render
+    ids = set()
+    for s in render:
+        t = model.tokenize(s, False, True)
+        if len(t) != 1 or model.token_to_piece(t[0], False) == model.token_to_piece(t[0], True):
+            raise InvalidOption("render_special", list(render), f"special tokens of this model ({s!r} is not one)")
+        ids.add(t[0])
+    return frozenset(ids)
+
+
+def reasoning_budget(model: Any, opts: RequestOptions, prompt: list[int]) -> dict[str, Any] | None:
+    """The budget sampler's token sequences. A prompt that ends with the start marker
+    (the template opened the block) starts the count at the first generated token, as
+    the thinking splitter does."""
+    rb = opts.reasoning_budget
+    if rb is None:
+        return None
+
+    def tok(s: str) -> list[int]:
+        return model.tokenize(s, False, True) if s else []
+
+    end = tok(rb["end"])
+    if not end:
+        raise InvalidOption("reasoning_budget", rb, "an end marker that tokenizes to at least one token")
+    tail = model.detokenize(prompt[-16:], False, True).decode("utf-8", "replace").rstrip()
+    return {"budget": rb["tokens"], "start": tok(rb["start"]), "end": end, "forced": tok(rb["message"]) + end,
+            "inside": not rb["start"] or tail.endswith(rb["start"])}
+
+
+def sampler_params(req: Request) -> dict[str, Any]:
+    o = req.opts
+    return {
+        "temperature": o.temperature,
+        "top_k": o.top_k,
+        "top_p": o.top_p,
+        "min_p": o.min_p,
+        "repetition_penalty": o.repetition_penalty,
+        "repeat_last_n": o.repeat_last_n,
+        "seed": req.seed,
+        "grammar_proto": req.grammar,
+        "reasoning_budget": req.reasoning_budget,
+        "ignore_eos": o.ignore_eos,
+    }

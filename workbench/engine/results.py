@@ -1,0 +1,82 @@
+"""Step 3 of a tick: apply a decode's results to its requests.
+
+Each slice's request advances past the tokens it decoded; a prefill that reached a save
+point saves its row there (cache_saves); where the decode produced logits the request
+samples its next token, emits its events, and finishes on end-of-generation, a stop
+string, its token limit or the end of the context.
+
+State: none of its own; it acts through the parts it is given.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from typing import Any
+
+from .batch import DecodeBatch
+from .cache_saves import SavePoints
+from .grammars import grammar_dead_end
+from .request import Request
+from .request_table import RequestTable
+from .seq_pool import SeqPool
+
+
+class BatchResults:
+    def __init__(self, model: Any, pool: SeqPool, table: RequestTable, saves: SavePoints,
+                 counters: collections.Counter[str]) -> None:
+        self._model = model
+        self._pool = pool
+        self._table = table
+        self._saves = saves
+        self._counters = counters
+
+    def apply(self, batch: DecodeBatch) -> None:
+        """Advance each slice's request; save where a prefill reached a save point; sample
+        where the decode produced logits."""
+        now = time.perf_counter()
+        for s in batch.slices:
+            req = s.request
+            req.n_past += s.take
+            del req.feed[: s.take]
+            if req.phase == "prefilling":
+                req.prefilled += s.take
+                self._saves.reached(req)
+            if s.logits_row is None:
+                continue
+            if req.phase == "prefilling":
+                req.prefill_done_at = now
+                req.phase = "generating"
+            if req.opts.response_tokens == 0:
+                self.finish(req, "length")     # prefill only: nothing to sample
+            else:
+                self.sample(req, s.logits_row)
+
+    def sample(self, req: Request, row: int) -> None:
+        try:
+            token = req.sampler.sample(self._pool.ctx, row)
+        except ValueError as e:  # the grammar left no token to sample (csrc/sampler.cpp)
+            self._table.fail(req, grammar_dead_end(req.opts.grammar, req.opts.json_schema, e))
+            return
+        now = time.perf_counter()
+        if req.first_token_at is None:
+            req.first_token_at = now
+        if self._model.is_eog(token):
+            self.finish(req, "stop")
+            return
+        req.generated.append(token)
+        req.last_token_at = now
+        special = req.special if isinstance(req.special, bool) else token in req.special
+        req.emit_token(token, self._model.token_to_piece(token, special))
+        if req.text is not None and req.text.stop_hit is not None:
+            self.finish(req, "stop")
+        elif len(req.generated) >= req.opts.response_tokens or req.n_past + 1 >= self._pool.ctx.n_ctx:
+            self.finish(req, "length")
+        else:
+            req.feed = [token]
+
+    def finish(self, req: Request, reason: str) -> None:
+        req.finish_key = self._saves.at_finish(req, reason)
+        self._table.retire(req, keep_kv=True)
+        req.finish(reason)  # type: ignore[arg-type]
+        self._counters[f"finished_{reason}"] += 1
