@@ -21,7 +21,7 @@ from .engine.tokens import tokenize_within
 from . import _native
 from .errors import (EmptyPrompt, InvalidOption, ModelFileError, UnknownOption,
                      UnknownRequest)
-from .models import fetch_default_model
+from .models import check_model_file, fetch_default_model
 from .cache import SaveReason
 from .options import (LoadConfig, RequestOptions, build, check_bool, check_int, check_number, check_scope,
                       check_session_id, option_names)
@@ -44,8 +44,11 @@ def load_model(config: Mapping[str, Any] | None = None, /, **kwargs: Any) -> str
         raise InvalidOption("config", config, "a dict of load options", "config")
     cfg = build(LoadConfig, config, "config", **kwargs)
     path = Path(cfg.model_path).expanduser() if cfg.model_path is not None else fetch_default_model()
-    # settings whose defaults depend on the model's training context, checked before the
-    # model probe (which would only say that llama.cpp aborted); 0 for a file that states none
+    # the file first (a FIFO would block the read below, a path that cannot name a file
+    # must be a ModelFileError); then the settings whose defaults depend on the model's
+    # training context, checked before the model probe (which would only say that llama.cpp
+    # aborted); 0 for a file that states none
+    check_model_file(path)
     n_ctx_train = _native.gguf_context_length(str(path))
     cfg.context_params(n_ctx_train)
     cfg.embed_params(n_ctx_train)
@@ -258,7 +261,7 @@ def load_adapter(model: str, path: str, scale: float = 1.0) -> int:
     request (requests already running finish under the set they started with).
     """
     from .engine.adapter_ops import AdapterSlot
-    from .models import check_model_file, fingerprint
+    from .models import fingerprint
     from .models.probe import probe
 
     eng = registry.get(model)

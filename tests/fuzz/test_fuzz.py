@@ -9,8 +9,9 @@ sequence is left busy, and the baseline greedy reply is unchanged afterwards. So
 assert more: stop sequences trim the reply exactly; a damaged cache row file is rejected
 with a counted reason and never served.
 
-Input families issue 10 lists as still crashing are left out unless WORKBENCH_FUZZ_KNOWN
-names them (see strategies.known).
+Every input family is drawn, issue 10's (items 1-11) included; one whose crash is found and
+not yet fixed goes into strategies.KEPT_OUT until its fix lands (WORKBENCH_FUZZ_KNOWN=all
+draws it anyway; see strategies.known).
 """
 
 from __future__ import annotations
@@ -152,6 +153,20 @@ stop_item = st.one_of(
 )
 
 
+def _cut_at_first_stop(pieces: list[str], stops: list[str]) -> tuple[str, bool]:
+    """The reply a user sees: the text grows a token at a time; the first token after which
+    some stop sequence appears ends it, cut where the earliest-starting one that has
+    appeared starts (a longer stop that started earlier but completes later does not
+    count: ' Paris.\\n\\n' loses to '\\n' in ' Paris.\\n')."""
+    text = ""
+    for piece in pieces:
+        text += piece
+        starts = [text.find(s) for s in stops if s and s in text]
+        if starts:
+            return text[:min(starts)], True
+    return text, False
+
+
 @fuzz("stop_sequences")
 @given(prompt=st.sampled_from(STOP_PROMPTS), stops=st.lists(stop_item, max_size=4), cache=st.booleans())
 def test_stop_sequences(fuzz_worker, prompt, stops, cache):
@@ -160,13 +175,13 @@ def test_stop_sequences(fuzz_worker, prompt, stops, cache):
         assert v.error_type == "InvalidOption", v.explain()
         return
     f = v.facts
-    full, reply, used = f["full"], f["reply"], f["stops"]
-    hits = [full.find(s) for s in used if s and s in full]
-    expected = full[:min(hits)] if hits else full
-    # the reply is the greedy one, cut before the earliest stop sequence; none leaks into it
-    assert reply == expected, f"stops {used!r}: reply {reply!r}, expected {expected!r} (from {full!r})"
+    reply, used = f["reply"], f["stops"]
+    expected, hit = _cut_at_first_stop(f["pieces"], used)
+    # the reply is the greedy one, ended by the first stop sequence to appear as the tokens
+    # come (cut where it starts); none leaks into it
+    assert reply == expected, f"stops {used!r}: reply {reply!r}, expected {expected!r} (from {f['pieces']!r})"
     assert not any(s and s in reply for s in used), f"a stop sequence leaked: {used!r} in {reply!r}"
-    if hits:
+    if hit:
         assert f["finish_reason"] == "stop" and f["stop_sequence"] in used, f
 
 
@@ -188,9 +203,18 @@ def test_row_files(fuzz_worker, mutation):
     v = run(fuzz_worker, "row_files", {"kind": "row", "mutation": mutation}, timeout=60)
     assert v.kind == "ok", v.explain()
     f = v.facts
+    op = mutation[0]
+    if op == "payload_resealed":
+        # a changed llama.cpp state under valid checksums: integrity checks cannot tell it from
+        # a saved one (the trust model in docs/reliability.md). The state is checked against the
+        # context before llama.cpp restores it: refused, the row is counted and the request is
+        # cold (the cold reply); accepted, it was valid in shape and its KV is served as is.
+        # Either way the worker lives and no sequence stays busy (checked by run).
+        if f["hit"] == "cold" and f["rows_read"]:
+            assert f["reply_ok"] and f["rejected"].get("total", 0) >= 1, f"a refused restore was not counted: {f}"
+        return
     # never a wrong reply: an adopted row must compute what the cold run did (warm == cold)
     assert f["reply_ok"], f"the reply changed with a damaged row {mutation!r}: {f}"
-    op = mutation[0]
     if f["identical"]:
         assert f["adopted"] >= 1 and f["hit"] == "exact", f"a pristine row was not served: {f}"
     elif op == "field":

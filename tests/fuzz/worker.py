@@ -74,12 +74,18 @@ class Worker:
         self.m = wb.load_model(model_path=self.model_path, model_id="fuzz", n_ctx=N_CTX, n_seq_max=N_SEQ,
                                 n_threads=1)  # no spinning thread pool on a shared 2-core machine
         self.baseline = self.greedy(BASELINE_PROMPT, 4)
-        self.stop_replies = {p: self.greedy(p, STOP_TOKENS) for p in STOP_PROMPTS}
+        # each stop prompt's greedy reply as the text each token released (no stop sequences)
+        self.stop_pieces = {p: self.greedy_pieces(p, STOP_TOKENS) for p in STOP_PROMPTS}
+        self.stop_replies = {p: "".join(pieces) for p, pieces in self.stop_pieces.items()}
         self.row_bytes, self.row_key, self.row_reply = self.make_row()
         self.cases = 0
 
     def greedy(self, prompt: str, n: int) -> str:
         return wb.complete(self.m, prompt, response_tokens=n, cache=False).reply
+
+    def greedy_pieces(self, prompt: str, n: int) -> list[str]:
+        return [ev.text for ev in wb.stream(self.m, prompt, response_tokens=n, cache=False)
+                if isinstance(ev, wb.Token)]
 
     # -- a real row file to mutate ----------------------------------------------------------
     def make_row(self) -> tuple[bytes, str, str]:
@@ -185,6 +191,7 @@ class Worker:
             stops.append(s)
         facts["stops"] = stops
         facts["full"] = full
+        facts["pieces"] = self.stop_pieces[prompt]
         r = wb.complete(self.m, prompt, response_tokens=STOP_TOKENS, stop_sequences=stops, cache=case.get("cache", True))
         facts["reply"], facts["finish_reason"], facts["stop_sequence"] = r.reply, r.finish_reason, r.stop_sequence
 

@@ -90,6 +90,19 @@ def test_unusable_model_paths(model, bad):
     assert [m["model_id"] for m in wb.list_models()] == loaded
 
 
+def test_a_fifo_as_model_path_is_refused_at_once(tmp_path):
+    """load_model read the training context of the file before checking it: a FIFO blocked it."""
+    import os
+    import time
+
+    fifo = tmp_path / "model.gguf"
+    os.mkfifo(fifo)
+    t0 = time.monotonic()
+    with pytest.raises(ModelFileError, match="not a regular file"):
+        wb.load_model(model_path=str(fifo))
+    assert time.monotonic() - t0 < 5
+
+
 def test_request_refs():
     for bad in ([], {}, {1}, "1", 1.5, None, True):            # unhashable ones reached a dict lookup
         e = refused("ref", wb.request_info, bad)
@@ -102,6 +115,14 @@ def test_request_numbers(model):
     refused("temperature", wb.complete, model, "Hi", temperature=math.inf)
     refused("top_k", wb.complete, model, "Hi", top_k=2**40)
     refused("response_tokens", wb.complete, model, "Hi", response_tokens=2**63)
+
+
+@pytest.mark.parametrize("schema", [{"type": b""}, {"type": "string", "pattern": b"a+"}, {"enum": [{1, 2}]},
+                                    {"maximum": math.nan}, {(1, 2): "x"}])
+def test_json_schema_of_non_json_values(model, schema):
+    """bytes, sets, nan and non-string keys are no JSON (a bare TypeError before)."""
+    e = refused("json_schema", wb.complete, model, "JSON:", json_schema=schema)
+    assert "valid JSON" in str(e)
 
 
 def test_tier_calls():
