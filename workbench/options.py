@@ -147,10 +147,10 @@ def _json_schema(key: str, v: Any, where: str) -> Any:
             v = json.loads(v)
         if not isinstance(v, (dict, bool)):
             raise InvalidOption(key, v, "a JSON schema (dict or JSON text)", where)
-        return json.dumps(v, sort_keys=True, separators=(",", ":"))
+        return json.dumps(v, sort_keys=True, separators=(",", ":"), allow_nan=False)
     except RecursionError:
         raise InvalidOption(key, "...", "a schema nested less deeply (Python's JSON recursion limit)", where) from None
-    except ValueError as e:
+    except (ValueError, TypeError) as e:  # not JSON text; nan / inf, bytes, sets, non-string keys in a dict
         raise InvalidOption(key, v, f"valid JSON ({e})", where) from None
 
 
