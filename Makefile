@@ -68,9 +68,10 @@ fuzz: model
 	  $(if $(FUZZ_SEED),WORKBENCH_FUZZ_SEED=$(FUZZ_SEED)) $(if $(FUZZ_KNOWN),WORKBENCH_FUZZ_KNOWN=$(FUZZ_KNOWN)) \
 	  $(PY) -m pytest -m fuzz tests/fuzz -p no:cacheprovider -o addopts="-ra" --timeout=0 $(PYTEST_ARGS)
 
-# 500 SIGKILLs of a real engine saving rows to shm and disk, then restarts (make test: ~25)
+# 500 SIGKILLs of a real engine saving rows to shm and disk, then restarts (make test: ~25);
+# -s shows the figures line (kills, tmp files, the last restart's check) for docs/reliability.md
 crash-test: model
-	WORKBENCH_CRASH_KILLS=500 $(PY) -m pytest tests/integration/test_crash_engine.py -o addopts="-ra" \
+	WORKBENCH_CRASH_KILLS=500 $(PY) -m pytest tests/integration/test_crash_engine.py -o addopts="-ra" -s \
 	  --timeout=0 $(PYTEST_ARGS)
 
 bench: model tools
