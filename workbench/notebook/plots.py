@@ -156,3 +156,22 @@ def miss_ratio_curves(replay: pd.DataFrame, *, metric: str = "miss_ratio", ax: A
     ax.set_title(f"{metric.replace('_', ' ')} curves")
     ax.legend(fontsize="small")
     return fig
+
+
+def strategy_latencies(df: pd.DataFrame, *, figsize: tuple[float, float] = (9.0, 3.5)) -> Any:
+    """Mean time to first token and mean inter-token latency per batch strategy, for long
+    and short requests apart (workbench.lab.scheduling.compare_strategies' DataFrame)."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=figsize, layout="constrained")
+    axes = fig.subplots(1, 2)
+    for ax, (col, label) in zip(axes, [("ttft_s", "time to first token (ms)"),
+                                       ("itl_s", "mean inter-token latency (ms)")]):
+        means = df.pivot_table(index="strategy", columns="kind", values=col, aggfunc="mean", sort=False) * 1000
+        if not means.empty:
+            means.plot.bar(ax=ax, rot=0)
+        ax.set_ylabel(label)
+        ax.set_xlabel("")
+    axes[0].set_title("first token")
+    axes[1].set_title("between tokens")
+    return fig
