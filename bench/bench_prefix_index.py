@@ -65,9 +65,9 @@ def main() -> None:
     for label, prompt in (("deep hit", hit), ("system-prefix hit", fresh), ("miss", miss)):
         match = index.longest_prefix(ns, prompt)
         n = 0 if match is None else match.n_tokens
-        med, p99 = timeit(lambda: index.longest_prefix(ns, prompt))
+        med, p99 = timeit(lambda p=prompt: index.longest_prefix(ns, p))
         raw = token_bytes(prompt)
-        med_b, p99_b = timeit(lambda: index.longest_prefix(ns, raw))
+        med_b, p99_b = timeit(lambda r=raw: index.longest_prefix(ns, r))
         print(f"{label:18s} matched {n:5d}/{len(prompt)}  list: median {med:7.1f} us p99 {p99:7.1f} us"
               f"  bytes: median {med_b:7.1f} us p99 {p99_b:7.1f} us")
 

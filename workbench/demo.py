@@ -76,10 +76,12 @@ def _cache_demo(model: str) -> bool:
     cold = wb.complete(model, prompt, response_tokens=24, cache_scope=scope)
     warm = wb.complete(model, prompt, response_tokens=24, cache_scope=scope)
     same = warm.tokens == cold.tokens
-    print(f"   cold: {cold.stats.cache_hit_kind:5} ttft={cold.stats.ttft_s * 1000:6.0f} ms  "
+    cold_s, warm_s = cold.stats.ttft_s or 0.0, warm.stats.ttft_s or 0.0   # None: no token generated
+    speedup = f"{cold_s / warm_s:.0f}x faster" if warm_s > 0 else "no token"
+    print(f"   cold: {cold.stats.cache_hit_kind:5} ttft={cold_s * 1000:6.0f} ms  "
           f"prefilled {cold.stats.prefilled_tokens} of {cold.stats.prompt_tokens} tokens")
-    print(f"   warm: {warm.stats.cache_hit_kind:5} ttft={warm.stats.ttft_s * 1000:6.0f} ms  "
-          f"prefilled {warm.stats.prefilled_tokens} ({cold.stats.ttft_s / warm.stats.ttft_s:.0f}x faster)")
+    print(f"   warm: {warm.stats.cache_hit_kind:5} ttft={warm_s * 1000:6.0f} ms  "
+          f"prefilled {warm.stats.prefilled_tokens} ({speedup})")
     print(f"   same reply token for token: {same}  ({warm.reply.strip()[:60]!r}...)\n")
     return same
 

@@ -208,8 +208,8 @@ def _reasoning_budget(key: str, v: Any, where: str) -> Any:
         raise InvalidOption(key, v, expected, where)
     tokens, end = v.get("tokens"), v.get("end")
     start, message = v.get("start", ""), v.get("message", "")
-    if (isinstance(tokens, bool) or not isinstance(tokens, int) or not 0 <= tokens <= INT32_MAX or not isinstance(end, str) or not end
-            or not isinstance(start, str) or not isinstance(message, str)):
+    if (isinstance(tokens, bool) or not isinstance(tokens, int) or not 0 <= tokens <= INT32_MAX
+            or not isinstance(end, str) or not end or not isinstance(start, str) or not isinstance(message, str)):
         raise InvalidOption(key, v, expected, where)
     return {"tokens": tokens, "start": start, "end": end, "message": message}
 

@@ -32,8 +32,10 @@ def write_lora(path: Path, seed: int, rank: int = 8, std: float = 0.08) -> Path:
     for layer in range(30):
         for name in ("attn_q", "attn_output"):
             # numpy shapes are ggml's ne reversed: A is ne [576, r], B is ne [r, 576]
-            w.add_tensor(f"blk.{layer}.{name}.weight.lora_a", (rng.standard_normal((rank, 576)) * std).astype(np.float32))
-            w.add_tensor(f"blk.{layer}.{name}.weight.lora_b", (rng.standard_normal((576, rank)) * std).astype(np.float32))
+            a = (rng.standard_normal((rank, 576)) * std).astype(np.float32)
+            b = (rng.standard_normal((576, rank)) * std).astype(np.float32)
+            w.add_tensor(f"blk.{layer}.{name}.weight.lora_a", a)
+            w.add_tensor(f"blk.{layer}.{name}.weight.lora_b", b)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

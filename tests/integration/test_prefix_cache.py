@@ -17,7 +17,8 @@ pytestmark = pytest.mark.model
 
 SYSTEM = ("<|im_start|>system\nYou are a careful assistant. Answer in one short sentence and never "
           "invent facts.<|im_end|>\n")
-PROMPT = SYSTEM + "<|im_start|>user\nWhat is the boiling point of water at sea level?<|im_end|>\n<|im_start|>assistant\n"
+PROMPT = (SYSTEM + "<|im_start|>user\nWhat is the boiling point of water at sea level?<|im_end|>\n"
+          "<|im_start|>assistant\n")
 
 
 @pytest.fixture

@@ -41,7 +41,7 @@ def reference_replay(trace: Trace, policy: PolicySpec, size_bytes: int, bytes_pe
         out.append((kind, start))
         reason = "continued" if matched else "cold"
 
-        def put(n: int, why: str, **kw: Any) -> None:
+        def put(n: int, why: str, prompt: list[int] = prompt, **kw: Any) -> None:
             cache.put(NS, prompt[:n], b"\0" * (n * bytes_per_token), why, **kw)
 
         points: dict[int, tuple[str, dict[str, Any]]] = {}

@@ -6,7 +6,6 @@ import pytest
 
 from workbench import lab
 from workbench.lab import traces
-from workbench.notebook import views
 
 pytestmark = pytest.mark.model
 

@@ -69,7 +69,7 @@ def test_sigkill_during_saves_leaves_only_valid_rows(tmp_path: Path) -> None:
     # about half the kills land mid-write; the scan must have cleaned those up
     assert report.orphans_removed >= 1
     ns = CacheNamespace(FP)
-    for meta, size in report.rows:
+    for meta, _size in report.rows:
         row = read_row(root / f"{meta.key}.kv", expected_fingerprint=ns.fingerprint_bytes)
         tokens = tokens_from_bytes(row.meta.tokens)
         prefix = expected_prefix(tokens)

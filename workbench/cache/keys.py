@@ -33,7 +33,7 @@ from typing import Union
 
 import xxhash
 
-KvParamValue = Union[str, int, float, bool]
+KvParamValue = str | int | float | bool
 Tokens = Union[Sequence[int], bytes, bytearray, memoryview, "array.array[int]"]
 
 NAMESPACE_DIGEST_SIZE = 32  # sha256
@@ -117,7 +117,7 @@ def _normalise_kv_params(
             raise TypeError(f"kv_params name must be a str, got {name!r}")
         if not isinstance(value, (str, int, float, bool)):
             raise TypeError(f"kv_params[{name!r}] must be str/int/float/bool, got {value!r}")
-    return tuple(sorted(items))  # type: ignore[arg-type]
+    return tuple(sorted(items))
 
 
 def token_bytes(tokens: Tokens) -> bytes:
@@ -135,7 +135,7 @@ def token_bytes(tokens: Tokens) -> bytes:
         return swapped.tobytes()
     astype = getattr(tokens, "astype", None)
     if astype is not None:  # numpy array: avoid a Python-level loop
-        return astype("<i4", copy=False).tobytes()  # type: ignore[no-any-return]
+        return bytes(astype("<i4", copy=False).tobytes())
     try:
         return struct.pack(f"<{len(tokens)}i", *tokens)
     except struct.error as exc:

@@ -21,6 +21,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 from workbench.cache.catalog import Catalog
 from workbench.cache.counters import Counters
@@ -189,7 +190,7 @@ class TierStack:
         else:
             self.moving.pop(key, None)
 
-    def _reserve(self, job: Job, jobs: deque[Job]) -> tuple[Level, int] | bool | None:
+    def _reserve(self, job: Job, jobs: deque[Job]) -> tuple[Level, int] | Literal[True] | None:
         """Reserve space in the first tier from `job.start` that can take the row, evicting as
         needed. True: a tier on the way already holds it; None: no tier can take it."""
         if not job.new and job.meta.key not in self._catalog:

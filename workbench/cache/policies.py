@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Protocol, Union, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from workbench.cache.s3fifo import S3FIFO
 from workbench.cache.types import RowStats
@@ -123,7 +123,7 @@ class FunctionPolicy:
 
     def __init__(self, fn: PriorityFn, name: str | None = None) -> None:
         self.fn = fn
-        self.name = name or getattr(fn, "__name__", "custom")
+        self.name: str = name or str(getattr(fn, "__name__", "custom"))
 
     def priority(self, row: RowStats, now: float) -> float:
         return float(self.fn(row, now))
@@ -137,7 +137,7 @@ POLICIES: dict[str, type] = {
     "s3fifo": S3FIFO,
 }
 
-PolicySpec = Union[str, EvictionPolicy, type, PriorityFn]
+PolicySpec = str | EvictionPolicy | type | PriorityFn
 
 
 def get_policy(spec: PolicySpec) -> EvictionPolicy:
@@ -150,7 +150,7 @@ def get_policy(spec: PolicySpec) -> EvictionPolicy:
         cls = POLICIES.get(spec.lower())
         if cls is None:
             raise ValueError(f"unknown eviction policy {spec!r}; valid: {', '.join(sorted(POLICIES))}")
-        return cls()  # type: ignore[no-any-return]
+        return cls()
     if isinstance(spec, type):
         obj = spec()
         if not isinstance(obj, EvictionPolicy):

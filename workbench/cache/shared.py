@@ -30,8 +30,8 @@ def configure(tiers: Sequence[Mapping[str, Any]], policy: Any = "frecency") -> T
     """Replace the shared cache with one built from tier specs (fastest first); persistent
     tiers are scanned, so rows saved before a restart are adopted (and bad files removed)."""
     global _cache
-    built = [make_tier(spec) for spec in tiers]
-    cache = TieredCache([(t, spec.get("policy")) for t, spec in zip(built, tiers)], policy=policy)
+    built: list[Tier | tuple[Tier, Any]] = [(make_tier(spec), spec.get("policy")) for spec in tiers]
+    cache = TieredCache(built, policy=policy)
     cache.scan()
     with _lock:
         old, _cache = _cache, cache

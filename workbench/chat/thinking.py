@@ -288,7 +288,7 @@ class ThinkingStream(EventEnds):
     def wait(self, timeout: float | None = None) -> bool:
         return self.stream.wait(timeout)
 
-    def __enter__(self) -> "ThinkingStream":
+    def __enter__(self) -> ThinkingStream:
         return self
 
     def __exit__(self, *exc: object) -> None:

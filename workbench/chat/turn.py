@@ -59,7 +59,7 @@ class ChatResult(CompletionResult):
         return self.message.get("tool_calls", [])
 
     @classmethod
-    def from_chat_done(cls, done: ChatDone, model: str, ref: int) -> "ChatResult":
+    def from_chat_done(cls, done: ChatDone, model: str, ref: int) -> ChatResult:
         base = CompletionResult.from_done(done, model, ref)
         values = {f.name: getattr(base, f.name) for f in dataclasses.fields(CompletionResult)}
         return cls(**values, message=done.message, thinking=done.thinking,
@@ -201,7 +201,7 @@ class ChatStream(ThinkingStream):
     def _on_done(self, done: Done) -> Done:
         sp = self.splitter
         own_block = sp is not None and sp.signature is not None and not self.plan.markers_from_template
-        if own_block:
+        if sp is not None and own_block:
             # markers the template's parser does not know: parse what is outside the block
             text = sp.text
         elif sp is not None and sp.cut_at is not None:
@@ -209,7 +209,7 @@ class ChatStream(ThinkingStream):
         else:
             text = done.reply
         message, error = parse_reply(self.rendered.parser, text)
-        if own_block:
+        if sp is not None and own_block:
             message["reasoning_content"] = sp.thinking or None
         values = {f.name: getattr(done, f.name) for f in dataclasses.fields(Done)}
         return ChatDone(**values, message=message, thinking=sp.thinking if sp else "",

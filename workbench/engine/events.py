@@ -8,7 +8,7 @@ They mirror erllama 0.10's ``{erllama, Ref, Event}`` envelope: ``{token, Bin}``,
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 FinishReason = Literal["stop", "length", "cancelled"]
 
@@ -92,7 +92,7 @@ class ThinkingEnd:
     signature: str
 
 
-Event = Union[Token, TokenId, Thinking, ThinkingEnd, Done, Error]
+Event = Token | TokenId | Thinking | ThinkingEnd | Done | Error
 
 
 @dataclass(slots=True, frozen=True)
@@ -110,7 +110,7 @@ class CompletionResult:
     finish_key: str | None = None
 
     @classmethod
-    def from_done(cls, done: Done, model: str, ref: int) -> "CompletionResult":
+    def from_done(cls, done: Done, model: str, ref: int) -> CompletionResult:
         return cls(done.reply, done.tokens, done.context_tokens, done.finish_reason,
                    done.stop_sequence, done.stats, model, ref, done.finish_key)
 

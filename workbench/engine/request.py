@@ -33,7 +33,7 @@ class Request:
     prompt: list[int]
     opts: RequestOptions
     seed: int | None
-    events: "queue.SimpleQueue[Event]" = field(default_factory=queue.SimpleQueue)
+    events: queue.SimpleQueue[Event] = field(default_factory=queue.SimpleQueue)
     submitted_at: float = field(default_factory=time.perf_counter)
     phase: str = "queued"            # queued | prefilling | generating | done
     seq: int | None = None

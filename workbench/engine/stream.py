@@ -36,7 +36,7 @@ class EventEnds:
 class Stream(EventEnds):
     """Typed events of one request: ``Token``, ``TokenId``, then ``Done`` or ``Error``."""
 
-    def __init__(self, engine: "Engine", request: "Request") -> None:
+    def __init__(self, engine: Engine, request: Request) -> None:
         self._engine = engine
         self._request = request
         self._ended = False
@@ -87,7 +87,7 @@ class Stream(EventEnds):
             self.cancel()
             self._ended = True
 
-    def __enter__(self) -> "Stream":
+    def __enter__(self) -> Stream:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -87,7 +87,8 @@ def replay(trace: Trace | Sequence[Sequence[int]], policies: Iterable[PolicySpec
         trace = Trace.from_prompts(list(trace))
     if isinstance(bytes_per_token, bool) or not isinstance(bytes_per_token, int) or bytes_per_token < 1:
         raise ValueError(f"bytes_per_token must be an int >= 1, got {bytes_per_token!r}")
-    specs = list(policies) if not isinstance(policies, (str, type)) and not callable(policies) else [policies]
+    specs: list[PolicySpec] = (list(policies) if not isinstance(policies, (str, type)) and not callable(policies)
+                               else [policies])
     if not specs:
         raise ValueError("replay needs at least one policy")
     labels = _labels(specs)
@@ -104,7 +105,9 @@ def replay(trace: Trace | Sequence[Sequence[int]], policies: Iterable[PolicySpec
     results: list[dict[str, Any]] = [{}] * len(jobs)
     for j, res in zip(order, _map(task, [jobs[j] for j in order], workers)):
         results[j] = res
-    rows, timeline, per_request = [], [], []
+    rows: list[dict[str, Any]] = []
+    timeline: list[tuple[Any, ...]] = []
+    per_request: list[tuple[int, str, int, str, int]] = []
     for (p, size), res in zip(jobs, results):
         timeline.extend((labels[p], size, *point) for point in res.pop("_timeline"))
         per_request.extend((i, labels[p], size, kind, sv) for i, (kind, sv) in enumerate(res.pop("_requests")))

@@ -63,7 +63,7 @@ class SimTier(Tier):
     def write(self, meta: RowMeta, payload: bytes) -> int:
         return len(payload)
 
-    def read(self, key: str, expected_fingerprint: bytes | None = None) -> bytes:
+    def read(self, key: str, expected_fingerprint: bytes | None = None, max_payload: int | None = None) -> bytes:
         raise RowMissing(key)
 
     def delete(self, key: str) -> bool:

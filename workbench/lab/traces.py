@@ -117,7 +117,7 @@ class Trace:
             return [int(seg)]
         lo, hi = self.token_range
         rng = np.random.default_rng([self.seed, int(seg)])
-        return rng.integers(lo, hi, int(self.seg_len[seg])).tolist()  # type: ignore[no-any-return]
+        return [int(t) for t in rng.integers(lo, hi, int(self.seg_len[seg]))]
 
     def prompt_token_ids(self, i: int) -> list[int]:
         """Request i's prompt as token ids (what a real run sends to the model)."""
@@ -161,8 +161,9 @@ class Trace:
             toks = [int(t) for t in prompt]
             if not toks or min(toks) < 0:
                 raise ValueError(f"prompt {i} must be a non-empty list of token ids >= 0")
+            session = None if sessions is None else sessions[i]
             b.literal_request(toks, float(i) if arrivals is None else float(arrivals[i]),
-                              -1 if sessions is None or sessions[i] is None else int(sessions[i]))
+                              -1 if session is None else int(session))
         return b.build()
 
 

@@ -182,7 +182,8 @@ def _unpin(m: WorkbenchMagics, args: Any) -> None:
     print(f"unpinned {args.key}" if was else f"{args.key} was not pinned")
 
 
-SUBCOMMANDS: dict[str, Callable[..., Any]] = {
+# each wrapped by magic_arguments, which gives the function a `parser` (its usage)
+SUBCOMMANDS: dict[str, Any] = {
     "load": _load, "models": _models, "unload": _unload, "counters": _counters, "history": _history,
     "mode": _mode, "cache": _cache, "tiers": _tiers, "evict": _evict, "pin": _pin, "unpin": _unpin,
 }

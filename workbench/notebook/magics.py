@@ -107,6 +107,13 @@ class WorkbenchMagics(Magics):
         self.history: list[Result] = []
         self.chats: dict[str, list[dict[str, str]]] = {}
 
+    @property
+    def user_ns(self) -> dict[str, Any]:
+        """The notebook's namespace (cells interpolate from it; --as stores into it)."""
+        if self.shell is None:
+            raise UsageError("the workbench magics need an IPython shell")
+        return self.shell.user_ns
+
     # -- %wb ---------------------------------------------------------------------------------
     @line_magic
     def wb(self, line: str) -> Any:
@@ -128,7 +135,7 @@ class WorkbenchMagics(Magics):
                 raise UsageError(f"unknown %wb command {command!r}; commands: {', '.join(SUBCOMMANDS)}")
             return fn.__doc__ or ""
         lines = ["%wb COMMAND [ARGS]   (%wb help COMMAND for its arguments)"]
-        for name, fn in SUBCOMMANDS.items():
+        for fn in SUBCOMMANDS.values():
             usage = " ".join(fn.parser.format_usage().replace("::", "").split())
             lines.append(f"  {usage}")
         return "\n".join(lines)
@@ -154,7 +161,7 @@ class WorkbenchMagics(Magics):
         from workbench.cache import TieredCache
 
         if getattr(args, "cache", None):
-            obj = self.shell.user_ns.get(args.cache)
+            obj = self.user_ns.get(args.cache)
             if not isinstance(obj, TieredCache):
                 raise UsageError(f"--cache {args.cache}: not a variable holding a workbench.cache.TieredCache")
             return obj
@@ -171,7 +178,7 @@ class WorkbenchMagics(Magics):
         raise KeyError(f"no cached row {key!r}" if not found else f"{key!r} matches {len(found)} rows")
 
     def _request_options(self, args: Any) -> dict[str, Any]:
-        ns = self.shell.user_ns
+        ns = self.user_ns
         opts: dict[str, Any] = {}
         for arg, key in (("max_tokens", "response_tokens"), ("temperature", "temperature"), ("top_k", "top_k"),
                          ("top_p", "top_p"), ("seed", "seed"), ("session", "session_id")):
@@ -195,7 +202,7 @@ class WorkbenchMagics(Magics):
         return opts
 
     def _store(self, var: str, result: Result | None) -> None:
-        self.shell.user_ns[var] = result
+        self.user_ns[var] = result
         if result is not None:
             self.history.append(result)
 
@@ -209,7 +216,7 @@ class WorkbenchMagics(Magics):
         __tracebackhide__ = True  # an Interrupt shows one line, not the magic's frames
         args = parse_argstring(self.generate, line)
         model = self.model_of(args.model)
-        prompt = interpolate(cell.rstrip("\n"), self.shell.user_ns)
+        prompt = interpolate(cell.rstrip("\n"), self.user_ns)
         if not prompt.strip():
             raise UsageError("the cell is empty: write the prompt below the %%generate line")
         self._run(args, lambda opts: wb.stream(model, prompt, **opts),
@@ -245,7 +252,7 @@ class WorkbenchMagics(Magics):
             stream = start(opts)
         view = widgets.make_view(model)
         if args.background:
-            self.shell.user_ns[var] = None
+            self.user_ns[var] = None
             transcript.consume_in_background(stream, view, finished)
             return
         try:
@@ -273,7 +280,7 @@ class WorkbenchMagics(Magics):
         __tracebackhide__ = True
         args = parse_argstring(self.chat, line)
         model = self.model_of(args.model)
-        text = interpolate(cell.rstrip("\n"), self.shell.user_ns)
+        text = interpolate(cell.rstrip("\n"), self.user_ns)
         if not text.strip():
             raise UsageError("the cell is empty: write the message below the %%chat line")
         key = f"{model}/{args.session or ''}"
@@ -303,7 +310,7 @@ class WorkbenchMagics(Magics):
         if args.thinking_budget is not None:
             opts["thinking_budget_tokens"] = args.thinking_budget
         if args.tools is not None:
-            ns = self.shell.user_ns
+            ns = self.user_ns
             value = ns.get(args.tools) if args.tools.isidentifier() else None
             if value is None:
                 path = Path(args.tools).expanduser()
