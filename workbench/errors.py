@@ -174,7 +174,13 @@ class DecodeFailed(WorkbenchError, RuntimeError):
 
 
 class EngineStopped(WorkbenchError, RuntimeError):
-    """The model was unloaded while the request was queued or running."""
+    """The model was unloaded while the request was queued or running, or its loop stopped
+    on an error it could not recover from (the message says which)."""
+
+
+class SamplingFailed(WorkbenchError, RuntimeError):
+    """llama.cpp's sampler chain failed for this request (the request ends; the model and
+    its other requests go on)."""
 
 
 class InvalidBatchPlan(WorkbenchError, RuntimeError):

@@ -139,6 +139,10 @@ def test_tier_calls():
     refused("policy", wb.configure_cache, [{"kind": "ram"}], policy=5)
     refused("policy", wb.configure_cache, [{"kind": "ram"}], policy=None)  # was a bare TypeError
     refused("tiers[0].policy", wb.configure_cache, [{"kind": "ram", "policy": "zzz"}])
+    refused("kind", wb.configure_cache, [{"kind": []}])                 # was a bare TypeError (unhashable)
+    refused("kind", wb.add_tier, {"x": 1})
+    refused("root", wb.configure_cache, [{"kind": "disk", "root": "tier\x00dir"}])   # was a bare ValueError
+    refused("root", wb.configure_cache, [{"kind": "disk", "root": "tier\ud800"}])    # was UnicodeEncodeError
     assert [t["name"] for t in wb.list_tiers()] == before              # nothing half-added
 
 

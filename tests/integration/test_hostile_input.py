@@ -75,6 +75,11 @@ CHILD = textwrap.dedent(r'''
         started = time.perf_counter()
         attempt(name, fn)
         out[name].append(time.perf_counter() - started)
+    # a negated token reference llama.cpp's matcher then fails to accept (fuzz finding N5):
+    # its sampler threw NativeError inside the model loop, the loop died and later requests hung
+    negated = 'r1 ::= !<[2]> "\u00dfpZrls"{1,5}\nroot ::= [^x"]{0,1} .{4} .{1} r1+\n'
+    attempt("negated_token_ref", lambda: wb.complete(m, "Answer:", grammar=negated, temperature=0.8, seed=1,
+                                                     response_tokens=16))
     # lone surrogates, wherever a string crosses into native code
     attempt("surrogate_prompt", lambda: wb.complete(m, "ab\ud800", response_tokens=1))
     attempt("surrogate_tokenize", lambda: wb.tokenize(m, "\udfff"))
@@ -104,6 +109,12 @@ def test_a_grammar_that_leaves_no_token_ends_the_request(outcome, case, key):
     kind, got_key, message = outcome[case]
     assert (kind, got_key) == ("InvalidOption", key)
     assert "no token can continue" in message
+
+
+def test_a_grammar_llama_cpp_fails_to_match_ends_only_its_request(outcome):
+    kind, key, message = outcome["negated_token_ref"]
+    assert (kind, key) == ("InvalidOption", "grammar") and "grammar matcher" in message
+    assert outcome["after"] == "length"     # the loop lived: the next request was served
 
 
 def test_a_finished_grammar_under_ignore_eos_stops(outcome):
@@ -176,3 +187,27 @@ def test_a_prompt_that_cannot_fit_is_refused_before_tokenising(model):
         assert time.perf_counter() - started < 0.5
     # what fits is tokenised as before
     assert wb.tokenize(model, "<|im_start|>" * 100, add_special=False) == wb.tokenize(model, "<|im_start|>")[-1:] * 100
+
+
+@pytest.mark.load(n_seq_max=2)
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the loop's traceback
+@pytest.mark.timeout(60)  # before the fix the second call waited for ever
+def test_a_loop_that_dies_fails_its_requests_and_refuses_new_ones(fresh_model, monkeypatch):
+    """Whatever escapes a tick ends the loop: its requests end with EngineStopped naming the
+    cause, and later calls raise it at once instead of queueing for a loop that is gone."""
+    import workbench as wb
+    from workbench import registry
+    from workbench.errors import EngineStopped
+
+    eng = registry.get(fresh_model)
+
+    def broken(batch):
+        raise RuntimeError("injected failure")
+
+    monkeypatch.setattr(eng.results, "apply", broken)
+    events = list(wb.stream(fresh_model, "Hello there", response_tokens=4))
+    assert isinstance(events[-1], wb.Error) and isinstance(events[-1].reason, EngineStopped)
+    assert "injected failure" in str(events[-1].reason)
+    with pytest.raises(EngineStopped, match="loop failed"):
+        wb.complete(fresh_model, "Hello again", response_tokens=2)
+    wb.unload(fresh_model)

@@ -52,7 +52,7 @@ def make_tier(spec: Mapping[str, Any]) -> Tier:
         if key not in TIER_KEYS:
             raise InvalidOption(str(key), spec[key], "one of the tier keys " + ", ".join(TIER_KEYS), "tier")
     kind = spec.get("kind")
-    if kind not in TIER_KINDS:
+    if not isinstance(kind, str) or kind not in TIER_KINDS:
         raise InvalidOption("kind", kind, "'ram', 'shm' or 'disk'", "tier")
     budget = spec.get("budget_bytes", DEFAULT_RAM_BUDGET if kind == "ram" else None)
     if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 0):
@@ -67,6 +67,7 @@ def make_tier(spec: Mapping[str, Any]) -> Tier:
         raise InvalidOption("root", root, "a directory path (str or PathLike)", "tier")
     try:
         return TIER_KINDS[kind](name, root, budget)
-    except OSError as e:  # cannot create it, not a directory, not private
+    except (OSError, ValueError) as e:  # cannot create it, not a directory, not private; a NUL or
+        # a lone surrogate in the path (ValueError, UnicodeEncodeError)
         raise InvalidOption("root", root, f"a private directory this process can create and write ({e})",
                             "tier") from None

@@ -94,6 +94,7 @@ class Engine:
         self.phase = "idle"
         self._commands: collections.deque[tuple[Callable[[], Any], Future]] = collections.deque()
         self._stopping = False
+        self._stopped_why = "is being unloaded"   # or why the loop died
         self._in_decode: set[int] = set()
         self._thread = threading.Thread(target=self._run, name=f"workbench-loop-{self.model_id}", daemon=True)
         self._thread.start()
@@ -163,7 +164,7 @@ class Engine:
         seed = opts.seed if opts.seed is not None else random.randrange(2**32 - 1)
         with self._cv:
             if self._stopping:
-                raise EngineStopped(f"model {self.model_id!r} is being unloaded")
+                raise EngineStopped(f"model {self.model_id!r} {self._stopped_why}")
             sid = opts.session_id
             sess = self.sessions.get(sid, opts.cache_scope) if sid is not None else None
             if sess is not None and sess.busy_ref is not None:
@@ -301,7 +302,7 @@ class Engine:
         fut: Future = Future()
         with self._cv:
             if self._stopping:
-                raise EngineStopped(f"model {self.model_id!r} is being unloaded")
+                raise EngineStopped(f"model {self.model_id!r} {self._stopped_why}")
             self._commands.append((fn, fut))
             if interrupt and self._in_decode:
                 self.ctx.request_abort()
@@ -323,8 +324,11 @@ class Engine:
                     if self._stopping:
                         break
                 self._tick()
-        except BaseException as e:  # never let the loop die silently: fail everyone
-            self._fail_all(e if isinstance(e, Exception) else EngineStopped(repr(e)))
+        except BaseException as e:  # never let the loop die silently: fail everyone, refuse the rest
+            with self._cv:
+                self._stopping = True
+                self._stopped_why = f"stopped: its loop failed ({type(e).__name__}: {e}); unload and load it again"
+            self._fail_all(EngineStopped(f"model {self.model_id!r} {self._stopped_why}"))
             raise
         self._fail_all(EngineStopped(f"model {self.model_id!r} was unloaded"))
 

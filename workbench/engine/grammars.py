@@ -14,7 +14,7 @@ from collections import OrderedDict
 from typing import Any
 
 from .. import _native
-from ..errors import InvalidOption
+from ..errors import InvalidOption, SamplingFailed, WorkbenchError
 
 
 class GrammarCache:
@@ -73,6 +73,17 @@ class GrammarCache:
 
     def stats(self) -> dict[str, int]:
         return {"hits": self.hits, "misses": self.misses, "size": len(self._grammars)}
+
+
+def sampling_failed(grammar: str | None, json_schema: str | None, err: Exception) -> WorkbenchError:
+    """The error a request ends with when llama.cpp's sampler chain throws (e.g. its grammar
+    matcher cannot accept the token it let through: negated token references): a grammar or
+    schema is named as the cause, otherwise SamplingFailed."""
+    if json_schema is not None:
+        return InvalidOption("json_schema", json_schema, f"a schema llama.cpp's grammar matcher can run: {err}")
+    if grammar is not None:
+        return InvalidOption("grammar", grammar, f"a grammar llama.cpp's grammar matcher can run: {err}")
+    return SamplingFailed(f"llama.cpp's sampler failed: {err}")
 
 
 def grammar_dead_end(grammar: str | None, json_schema: str | None, err: Exception) -> InvalidOption:

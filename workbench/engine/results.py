@@ -14,9 +14,10 @@ import collections
 import time
 from typing import Any
 
+from .. import _native
 from .batch import DecodeBatch
 from .cache_saves import SavePoints
-from .grammars import grammar_dead_end
+from .grammars import grammar_dead_end, sampling_failed
 from .request import Request
 from .request_table import RequestTable
 from .seq_pool import SeqPool
@@ -57,6 +58,9 @@ class BatchResults:
             token = req.sampler.sample(self._pool.ctx, row)
         except ValueError as e:  # the grammar left no token to sample (csrc/sampler.cpp)
             self._table.fail(req, grammar_dead_end(req.opts.grammar, req.opts.json_schema, e))
+            return
+        except _native.NativeError as e:  # llama.cpp threw inside the chain: this request ends
+            self._table.fail(req, sampling_failed(req.opts.grammar, req.opts.json_schema, e))
             return
         now = time.perf_counter()
         if req.first_token_at is None:
