@@ -192,7 +192,8 @@ class Worker:
         facts["stops"] = stops
         facts["full"] = full
         facts["pieces"] = self.stop_pieces[prompt]
-        r = wb.complete(self.m, prompt, response_tokens=STOP_TOKENS, stop_sequences=stops, cache=case.get("cache", True))
+        r = wb.complete(self.m, prompt, response_tokens=STOP_TOKENS, stop_sequences=stops,
+                        cache=case.get("cache", True))
         facts["reply"], facts["finish_reason"], facts["stop_sequence"] = r.reply, r.finish_reason, r.stop_sequence
 
     def case_chat(self, case: dict, facts: dict) -> None:
