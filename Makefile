@@ -11,7 +11,7 @@ BUILD_DEPS := "scikit-build-core>=0.10" "pybind11>=2.12" ninja "cmake>=3.21"
 NATIVE_SRC := $(wildcard csrc/*.cpp csrc/*.h) CMakeLists.txt pyproject.toml vendor/llama.cpp.pin
 PYTEST_ARGS ?=
 
-.PHONY: all setup build tools model demo test test-heavy fuzz crash-test bench vendor-check clean
+.PHONY: all setup build tools model demo lint test test-heavy fuzz crash-test bench vendor-check clean
 
 all: build
 
@@ -52,7 +52,12 @@ model: build
 demo: model
 	$(PY) -m workbench.demo
 
-test: model tools build/.chromium-checked
+# linters (configured in pyproject.toml): ruff over the code and tests, mypy over workbench/
+lint: build
+	$(VENV)/bin/ruff check workbench tests bench
+	$(VENV)/bin/mypy
+
+test: lint model tools build/.chromium-checked
 	WORKBENCH_REQUIRE_TOOLS=1 $(PY) -m pytest $(PYTEST_ARGS)
 
 test-heavy: model tools

@@ -106,6 +106,16 @@ def test_engine_views_with_the_model(model: str) -> None:
 
 
 @pytest.mark.model
+def test_a_model_without_the_cache_says_so(model_path) -> None:
+    m = wb.load_model(model_path=str(model_path), model_id="nbtest-nocache", n_seq_max=1, cache=False)
+    try:
+        with pytest.raises(wb.errors.InvalidOption, match="cache=False"):
+            views.cache_rows(m)
+    finally:
+        wb.unload(m)
+
+
+@pytest.mark.model
 def test_the_views_find_the_engine_cache(model: str) -> None:
     cache = views.model_cache(model)
     assert isinstance(cache, TieredCache) and views.resolve_cache(model) is cache

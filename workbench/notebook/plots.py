@@ -123,7 +123,7 @@ def eviction_timeline(replay: pd.DataFrame, *, size_bytes: int | None = None,
 
     fig, ax = _axes(ax)
     names = policies or [p for p in dict.fromkeys(tl["policy"].astype(str))]
-    for k, name in enumerate(names):
+    for name in names:
         part = tl[tl["policy"].astype(str) == name]
         line, = ax.plot(part["request"], part["evictions"], label=f"{name} evictions")
         ax.plot(part["request"], part["hits"], linestyle="--", color=line.get_color(), alpha=0.7,

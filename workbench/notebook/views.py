@@ -22,8 +22,12 @@ PHASES = ("queued", "prefilling", "generating", "done")
 
 
 def model_cache(model: str) -> TieredCache:
-    """The KV prefix cache a loaded model's engine uses (NotLoaded for an unknown id)."""
-    return registry.get(model).kvcache.cache
+    """The KV prefix cache a loaded model's engine uses (NotLoaded for an unknown id;
+    InvalidOption for a model loaded with cache=False, which has none)."""
+    kvcache = registry.get(model).kvcache
+    if kvcache is None:
+        raise InvalidOption("model", model, "a model loaded with the prefix cache (this one has cache=False)")
+    return kvcache.cache
 
 
 def resolve_cache(cache: TieredCache | str | None = None) -> TieredCache:
