@@ -40,7 +40,7 @@ def test_pressure_evicts_cache_bytes_first(model, monitor):
     assert wb.list_tiers()[0]["used_bytes"] < ram_before
     seen = wb.pressure()
     assert seen["sources"]["callback"]["fraction"] == 0.95 and seen["models_unloaded"] == 0
-    assert wb.model_info(model)["phase"] in ("idle", "generating", "prefilling")   # never unloaded
+    assert model in {m["model_id"] for m in wb.list_models()}   # cache bytes only: never unloaded
 
 
 def test_unload_the_idle_model_only_when_opted_in(model_path, monitor):
