@@ -49,6 +49,7 @@ from ..options import LoadConfig, RequestOptions
 from .adapter_ops import AdapterSet, AdapterSlot
 from .admission import Admission
 from .batch import DecodeBatch, build_batch, view_of
+from .events import ModelPhase
 from .cache_saves import SavePoints
 from .grammars import GrammarCache
 from .prefix_cache import EngineCache
@@ -91,7 +92,7 @@ class Engine:
         self.budget = Budget(n_batch, self.chunk)
         self.strategy = strategy_for(cfg.batch_strategy)
         # written by the loop, read anywhere
-        self.phase = "idle"
+        self.phase: ModelPhase = "idle"
         self._commands: collections.deque[tuple[Callable[[], Any], Future]] = collections.deque()
         self._stopping = False
         self._stopped_why = "is being unloaded"   # or why the loop died

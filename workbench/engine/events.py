@@ -8,9 +8,13 @@ They mirror erllama 0.10's ``{erllama, Ref, Event}`` envelope: ``{token, Bin}``,
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 FinishReason = Literal["stop", "length", "cancelled"]
+# where a request is (request_info, requests) and what a model's loop is doing (phase())
+RequestPhase = Literal["queued", "prefilling", "generating", "done"]
+ModelPhase = Literal["idle", "prefilling", "generating"]
+REQUEST_PHASES: tuple[RequestPhase, ...] = get_args(RequestPhase)
 
 
 @dataclass(slots=True, frozen=True)

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..cache import HitKind
 from ..options import RequestOptions
-from .events import Done, Error, Event, FinishReason, Stats, Token, TokenId
+from .events import RequestPhase, Done, Error, Event, FinishReason, Stats, Token, TokenId
 from .text import ReplyText
 
 _refs = itertools.count(1)
@@ -35,7 +35,7 @@ class Request:
     seed: int | None
     events: queue.SimpleQueue[Event] = field(default_factory=queue.SimpleQueue)
     submitted_at: float = field(default_factory=time.perf_counter)
-    phase: str = "queued"            # queued | prefilling | generating | done
+    phase: RequestPhase = "queued"
     seq: int | None = None
     sampler: Any = None
     feed: list[int] = field(default_factory=list)   # tokens not yet in the KV cache

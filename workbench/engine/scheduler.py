@@ -29,9 +29,10 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from ..options import BATCH_STRATEGIES
+from .events import RequestPhase
 
-GENERATING = "generating"
-PREFILLING = "prefilling"
+GENERATING: RequestPhase = "generating"
+PREFILLING: RequestPhase = "prefilling"
 
 
 @dataclass(slots=True, frozen=True)
@@ -39,7 +40,7 @@ class SeqView:
     """What a strategy sees of one running request (a snapshot; changing it changes nothing)."""
 
     ref: int
-    phase: str                 # 'prefilling' or 'generating'
+    phase: RequestPhase        # 'prefilling' or 'generating'
     feed: int                  # tokens waiting to enter the KV (1 for a generating sequence)
     n_past: int                # tokens of this sequence already in the KV
     boundary: int | None       # next save point: a prefill chunk must end at or before it

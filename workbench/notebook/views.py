@@ -15,10 +15,11 @@ import pandas as pd
 import workbench as wb
 from workbench import registry
 from workbench.cache import HitKind, TieredCache
+from workbench.engine.events import REQUEST_PHASES
 from workbench.errors import InvalidOption
 
 HIT_KINDS = tuple(kind.value for kind in HitKind)  # the categories of cache_hit_kind columns
-PHASES = ("queued", "prefilling", "generating", "done")
+PHASES = REQUEST_PHASES
 
 
 def model_cache(model: str) -> TieredCache:
