@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +28,6 @@ from .options import (LoadConfig, RequestOptions, build, check_bool, check_int, 
 from . import chat as _chat
 from . import embed as _embed
 from .chat import ChatResult, ChatStream, RenderedChat
-
-# called with the Engine before it stops: free per-model native state that borrows the model
-_on_unload: list[Callable[[Engine], None]] = []
 
 # --- models ------------------------------------------------------------------------------
 
@@ -66,11 +63,7 @@ def unload(model: str) -> None:
     """Stop the model's loop (queued and running requests end with an Error) and free it."""
     eng = registry.get(model)
     registry.release(eng.model_id)
-    try:
-        for hook in list(_on_unload):
-            hook(eng)
-    finally:
-        eng.stop()
+    eng.stop()
 
 
 def list_models() -> list[dict[str, Any]]:
@@ -429,4 +422,3 @@ def embed_batch(model: str, inputs: Sequence[str | Sequence[int]], pooling: str 
     return _embed.embed_inputs(registry.get(model), list(inputs), pooling, normalize)
 
 
-_on_unload.extend([_chat.forget, _embed.forget])

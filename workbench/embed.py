@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from . import _native
@@ -24,15 +23,30 @@ from .errors import ContextOverflow, EmptyPrompt, InvalidOption, NotLoaded
 POOLINGS = ("mean", "cls", "last", "none")
 
 
-@dataclass(eq=False)
-class _Entry:
-    engine: Any
-    embedder: Any
-    lock: threading.Lock = field(default_factory=threading.Lock)
+class Embedders:
+    """A model's embedding contexts, one per pooling type, each with the lock that
+    serialises its callers; owned by the model's engine (`Engine.attachment`), closed
+    before the model is freed."""
 
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_pooling: dict[str, tuple[Any, threading.Lock]] = {}
 
-_lock = threading.Lock()
-_entries: dict[tuple[str, str], _Entry] = {}
+    def get(self, engine: Any, pooling: str) -> tuple[Any, threading.Lock]:
+        with self._lock:
+            entry = self._by_pooling.get(pooling)
+            if entry is None:
+                n_ctx, n_seq = engine.cfg.embed_params(engine.model.n_ctx_train)
+                embedder = _native.Embedder(engine.model, pooling, n_ctx, n_seq, engine.ctx.n_threads)
+                entry = self._by_pooling[pooling] = (embedder, threading.Lock())
+            return entry
+
+    def close(self) -> None:
+        with self._lock:
+            entries, self._by_pooling = list(self._by_pooling.values()), {}
+        for embedder, lock in entries:
+            with lock:
+                embedder.close()
 
 
 def embed_inputs(engine: Any, inputs: Sequence[Any], pooling: str, normalize: bool) -> list[Any]:
@@ -43,16 +57,16 @@ def embed_inputs(engine: Any, inputs: Sequence[Any], pooling: str, normalize: bo
         raise InvalidOption("normalize", normalize, "True or False")
     if not inputs:
         return []
-    entry = _entry(engine, pooling)
-    limit = entry.embedder.n_batch
+    embedder, lock = engine.attachment("embedders", Embedders).get(engine, pooling)
+    limit = embedder.n_batch
     token_lists = [_tokens(engine, x, f"inputs[{i}]", limit) for i, x in enumerate(inputs)]
     for toks in token_lists:
         if len(toks) > limit:
             raise ContextOverflow(len(toks), limit, "the embedding context; raise embed_n_ctx at load_model")
-    with entry.lock:
-        if entry.embedder.closed:
+    with lock:
+        if embedder.closed:
             raise NotLoaded(engine.model_id)
-        return entry.embedder.embed(token_lists, normalize)
+        return embedder.embed(token_lists, normalize)
 
 
 def _tokens(engine: Any, x: Any, key: str, limit: int) -> list[int]:
@@ -72,26 +86,3 @@ def _tokens(engine: Any, x: Any, key: str, limit: int) -> list[int]:
     if not toks:
         raise EmptyPrompt()
     return toks
-
-
-def _entry(engine: Any, pooling: str) -> _Entry:
-    key = (engine.model_id, pooling)
-    with _lock:
-        entry = _entries.get(key)
-        if entry is not None and entry.engine is engine:
-            return entry
-        n_ctx, n_seq = engine.cfg.embed_params(engine.model.n_ctx_train)
-        embedder = _native.Embedder(engine.model, pooling, n_ctx, n_seq, engine.ctx.n_threads)
-        entry = _entries[key] = _Entry(engine, embedder)
-        return entry
-
-
-def forget(engine: Any) -> None:
-    """on_unload hook: free the model's embedding contexts (before the model itself)."""
-    with _lock:
-        mine = [(k, e) for k, e in _entries.items() if e.engine is engine]
-        for k, _ in mine:
-            del _entries[k]
-    for _, e in mine:
-        with e.lock:
-            e.embedder.close()

@@ -208,9 +208,16 @@ def test_multi_turn_chat_hits_the_prefix_cache_turn_after_turn(model):
 
 
 def test_unload_frees_the_models_templates(model, model_path):
+    from workbench import registry
+    from workbench.chat import TemplateCache
+
     other = wb.load_model(model_path=str(model_path), n_seq_max=1)
     wb.render_chat_template(other, [FRANCE])
-    wb.unload(other)                                  # frees its templates with it
+    wb.embed(other, "hello")
+    templates = registry.get(other).attachment("chat_templates", TemplateCache)
+    assert templates.get(None) is not None
+    wb.unload(other)                                  # frees its templates and embedding contexts with it
+    assert templates.get(None) is None
     with pytest.raises(NotLoaded):
         wb.render_chat_template(other, [FRANCE])
     assert "Paris" in wb.chat(model, [SYSTEM, FRANCE]).content

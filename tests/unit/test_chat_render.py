@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 
 from workbench import _native
-from workbench.chat import forget, normalize_messages, parse_reply, render, templates_for
+from workbench.chat import TemplateCache, normalize_messages, parse_reply, render, templates_for
 from workbench.errors import InvalidOption, NoChatTemplate
 from workbench.options import ChatOptions
 
@@ -242,12 +242,14 @@ def test_model_without_template_raises_no_chat_template():
         pytest.skip("vendor/llama.cpp/models is not there")
     m = _native.Model(str(path), 0, True, True)
     try:
-        engine = SimpleNamespace(model_id="gpt2-vocab", model=m, path=path)
+        cache = TemplateCache()  # what the model's Engine owns (Engine.attachment)
+        engine = SimpleNamespace(model_id="gpt2-vocab", model=m, path=path, attachment=lambda name, make: cache)
         with pytest.raises(NoChatTemplate, match="gpt2-vocab"):
             templates_for(engine)
         assert templates_for(engine, "{{ messages[0]['content'] }}").has_template  # an explicit one works
+        assert templates_for(engine, "{{ messages[0]['content'] }}") is cache.get("{{ messages[0]['content'] }}")
     finally:
-        forget(engine)
+        cache.close()
         m.close()
 
 

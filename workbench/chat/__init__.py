@@ -21,10 +21,10 @@ stream, results, parsing).
 """
 
 from .messages import ROLES, normalize_messages, normalize_tools, split_options
-from .render import RenderedChat, forget, render, templates_for
+from .render import RenderedChat, TemplateCache, render, templates_for
 from .turn import ChatDone, ChatPlan, ChatResult, ChatStream, parse_reply, plan
 
 __all__ = [
-    "ROLES", "ChatDone", "ChatPlan", "ChatResult", "ChatStream", "RenderedChat", "forget", "normalize_messages",
+    "ROLES", "ChatDone", "ChatPlan", "ChatResult", "ChatStream", "RenderedChat", "TemplateCache", "normalize_messages",
     "normalize_tools", "parse_reply", "plan", "render", "split_options", "templates_for",
 ]

@@ -19,19 +19,38 @@ from .probe import check_template
 _TEMPLATES_PER_MODEL = 8
 
 
-_lock = threading.Lock()
-_templates: dict[str, tuple[Any, collections.OrderedDict[str | None, Any]]] = {}
+class TemplateCache:
+    """A model's parsed ChatTemplates by source (None: the GGUF's own), the most recently
+    used kept; owned by the model's engine (`Engine.attachment`)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.by_source: collections.OrderedDict[str | None, Any] = collections.OrderedDict()
+
+    def get(self, source: str | None) -> Any:
+        with self.lock:
+            hit = self.by_source.get(source)
+            if hit is not None:
+                self.by_source.move_to_end(source)
+            return hit
+
+    def put(self, source: str | None, tmpls: Any) -> None:
+        with self.lock:
+            self.by_source[source] = tmpls
+            while len(self.by_source) > _TEMPLATES_PER_MODEL:
+                self.by_source.popitem(last=False)
+
+    def close(self) -> None:
+        with self.lock:
+            self.by_source.clear()
 
 
 def templates_for(engine: Any, override: str | None = None) -> Any:
     """The model's parsed ChatTemplates (built once per model and template source)."""
-    with _lock:
-        entry = _templates.get(engine.model_id)
-        if entry is not None and entry[0] is engine:
-            hit = entry[1].get(override)
-            if hit is not None:
-                entry[1].move_to_end(override)
-                return hit
+    cache = engine.attachment("chat_templates", TemplateCache)
+    hit = cache.get(override)
+    if hit is not None:
+        return hit
     check_template(engine.model, str(engine.path), override)  # in a child process, once per template
     try:
         tmpls = _native.ChatTemplates(engine.model, override or "")
@@ -40,22 +59,8 @@ def templates_for(engine: Any, override: str | None = None) -> Any:
                             f"a jinja template llama.cpp can parse ({e})") from None
     if not tmpls.has_template:
         raise NoChatTemplate(engine.model_id)
-    with _lock:
-        entry = _templates.get(engine.model_id)
-        if entry is None or entry[0] is not engine:
-            entry = _templates[engine.model_id] = (engine, collections.OrderedDict())
-        entry[1][override] = tmpls
-        while len(entry[1]) > _TEMPLATES_PER_MODEL:
-            entry[1].popitem(last=False)
+    cache.put(override, tmpls)
     return tmpls
-
-
-def forget(engine: Any) -> None:
-    """on_unload hook: drop the model's templates."""
-    with _lock:
-        entry = _templates.get(engine.model_id)
-        if entry is not None and entry[0] is engine:
-            del _templates[engine.model_id]
 
 
 # --- rendering ---------------------------------------------------------------------------------

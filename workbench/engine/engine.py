@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Hashable
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from .. import _native
 from ..cache import HitKind, SaveReason
@@ -70,6 +70,13 @@ COUNTER_NAMES = ("decode_calls", "decoded_tokens", "decode_aborted", "decode_tim
                  "cache_saves_dropped", "cache_evicted_sessions", "adapter_changes", "bad_batch_plans")
 
 
+
+class Closable(Protocol):
+    def close(self) -> None: ...
+
+
+C = TypeVar("C", bound=Closable)
+
 class Engine:
     """A loaded model and its loop thread. Create with :meth:`load`."""
 
@@ -84,6 +91,7 @@ class Engine:
         self.last_active = time.monotonic()
         self.counters: collections.Counter[str] = collections.Counter(dict.fromkeys(COUNTER_NAMES, 0))
         self.grammars = GrammarCache(native_model)
+        self._attachments: dict[str, Closable] = {}
         self._cv = threading.Condition()
         self._compose()
         n_batch = self.ctx.n_batch
@@ -287,6 +295,18 @@ class Engine:
         with self._cv:
             return [s.info() for s in self.sessions if scope is None or s.scope == scope]
 
+    def attachment(self, name: str, make: Callable[[], C]) -> C:
+        """Per-model state of a layer above the engine (its parsed chat templates, its
+        embedding contexts): made on first use, owned by this engine, closed when it stops
+        and before the model is freed (no module keeps per-model state)."""
+        with self._cv:
+            if self._stopping:
+                raise EngineStopped(f"model {self.model_id!r} {self._stopped_why}")
+            obj = self._attachments.get(name)
+            if obj is None:
+                obj = self._attachments[name] = make()
+            return obj  # type: ignore[return-value]
+
     def stop(self) -> None:
         """Stop the loop, fail what is queued or running, free native memory."""
         with self._cv:
@@ -294,6 +314,9 @@ class Engine:
             self.ctx.request_abort()
             self._cv.notify()
         self._thread.join()
+        for obj in self._attachments.values():
+            obj.close()
+        self._attachments.clear()
         self.session_commands.forget_all()
         self.pool.close()
         self.model.close()
