@@ -1,11 +1,14 @@
 """A slow, obvious replay of a trace through a real TieredCache with real token ids: the
-reference the eviction lab's fast replay (virtual tokens, SimCache) must agree with."""
+reference the eviction lab's fast replay (virtual tokens, SimCache) must agree with under
+eviction, at budgets a real model run would take too long to fill. The engine's rules
+themselves are checked against the engine (test_lab_model.py, request by request); the
+hit kinds here come from the one definition, HitKind."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from workbench.cache import CacheNamespace, RamTier, TieredCache
+from workbench.cache import CacheNamespace, HitKind, RamTier, TieredCache
 from workbench.cache.policies import PolicySpec
 from workbench.lab.traces import Trace
 
@@ -37,7 +40,7 @@ def reference_replay(trace: Trace, policy: PolicySpec, size_bytes: int, bytes_pe
         if match is not None and cache.get(match.key) is not None:
             matched = match.n_tokens
         start = min(matched, plen - 1)  # the last prompt token is always decoded alone
-        kind = "cold" if not matched else "exact" if matched >= plen - 1 else "partial"
+        kind = HitKind.of(matched, plen).value
         out.append((kind, start))
         reason = "continued" if matched else "cold"
 

@@ -46,3 +46,22 @@ def test_without_sessions_only_the_prefix_cache_can_save(model: str) -> None:
     assert "sticky" not in set(m["cache_hit_kind"].astype(str))
     later = [i for i in range(5) if trace[i].session in {trace[j].session for j in range(i)}]
     assert later and (m.loc[later, "prefill_tokens_saved"] > 0).all()
+
+
+@pytest.mark.load(cold_checkpoint_interval=64)
+def test_the_simulation_matches_the_real_engine_request_by_request(fresh_model: str) -> None:
+    """Where the model's own replies cannot matter (no prompt repeats an earlier reply, no
+    sessions, a budget nothing is evicted from), the lab's replay and the real engine agree
+    exactly: the same hit kind and the same prefill saved for every request. This checks
+    the lab's rules against the engine itself (HitKind, save points, the last prompt
+    token decoded again), not against a second copy of those rules."""
+    trace = traces.rag_queries(10, seed=11, documents=6, doc_tokens=(40, 120), system_tokens=60,
+                               query_tokens=(5, 15), reply_tokens=(4, 8))
+    df = lab.replay(trace, ["lru"], ["4GiB"], checkpoint_every=64, model=fresh_model, response_tokens=2,
+                    sessions=False, workers=1)
+    per_request = df.attrs["requests"]
+    assert len(per_request) == 10
+    kinds = list(per_request["sim_hit_kind"])
+    assert "partial" in kinds and "cold" in kinds          # the trace exercises both
+    assert kinds == [str(k) for k in per_request["measured_hit_kind"]]
+    assert list(per_request["sim_prefill_tokens_saved"]) == list(per_request["measured_prefill_tokens_saved"])
