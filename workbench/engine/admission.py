@@ -98,7 +98,7 @@ class Admission:
         if not use_cache or len(req.prompt) <= 1:
             return 0
         assert self._kvcache is not None and req.seq is not None
-        restored = self._kvcache.restore(self._pool.ctx, req.seq, req.prompt, req.opts.cache_scope,
+        restored = self._kvcache.restore(self._pool, req.seq, req.prompt, req.opts.cache_scope,
                                          req.opts.parent_key)
         if restored is None:
             return 0

@@ -44,19 +44,6 @@ def _load_state(ctx: Any, seq: int, payload: bytes, n_tokens: int) -> bool:
             and ctx.seq_pos_max(seq) == n_tokens - 1)
 
 
-def clear_sequence(ctx: Any, seq: int) -> bool:
-    """Empty `seq`; True when it is verified empty. seq_rm covers positions [0, INT32_MAX),
-    so a cell at INT32_MAX survives it: then, when no other sequence holds KV, the whole
-    memory is cleared instead (nothing else is lost). False: the sequence still holds KV
-    (only possible when the native check let such a state through)."""
-    ctx.seq_rm(seq, -1, -1)
-    if ctx.seq_pos_max(seq) == -1:
-        return True
-    if all(ctx.seq_pos_max(s) == -1 for s in range(ctx.n_seq_max) if s != seq):
-        ctx.memory_clear()
-    return ctx.seq_pos_max(seq) == -1
-
-
 # --- one engine's view ---------------------------------------------------------------------
 
 @dataclass(slots=True, frozen=True)
@@ -107,8 +94,9 @@ class EngineCache:
                 kv_params=self.kv_params, scope=scope)
         return ns
 
-    def restore(self, ctx: Any, seq: int, prompt: list[int], scope: str, parent_key: str | None) -> Restored | None:
-        """Load the longest cached prefix of ``prompt`` into ``seq``; None when nothing usable."""
+    def restore(self, pool: Any, seq: int, prompt: list[int], scope: str, parent_key: str | None) -> Restored | None:
+        """Load the longest cached prefix of ``prompt`` into ``seq`` (of the SeqPool
+        ``pool``); None when nothing usable."""
         cache = self.cache
         ns = self.namespace(scope)
         # a row the writer pool has not stored yet (the previous turn's finish row, say)
@@ -122,15 +110,15 @@ class EngineCache:
         payload = cache.get(match.key, max_payload=self.max_state_bytes(match.n_tokens))
         if payload is None:
             return None
-        ctx.seq_rm(seq, -1, -1)
+        pool.trim(seq, 0)
         start = time.perf_counter_ns()
-        loaded = _load_state(ctx, seq, payload, match.n_tokens)
+        loaded = _load_state(pool.ctx, seq, payload, match.n_tokens)
         cache.record_ns("unpack_ns", time.perf_counter_ns() - start)
         if not loaded:
             # refused (a malformed state, more cells than this context holds): the sequence
             # is emptied, the row leaves every tier so no later request or process meets it,
             # and this request starts cold
-            if not clear_sequence(ctx, seq):
+            if not pool.empty(seq):
                 self.counters["cache_seq_not_cleared"] += 1
             cache.reject(match.key, CorruptReason.BAD_STATE)
             self.counters["cache_restore_failed"] += 1

@@ -1,4 +1,4 @@
-"""The native context's sequences: the one place that takes, frees, reclaims, trims and
+"""The native context's sequences: the one place that takes, frees, reclaims, trims, empties and
 resets them.
 
 State: the native context (replaced by :meth:`SeqPool.reset`), the free sequence ids
@@ -76,6 +76,19 @@ class SeqPool:
     def trim(self, seq: int, keep: int) -> None:
         """Drop ``seq``'s KV from position ``keep`` on (a rollback, or reuse of a prefix)."""
         self.ctx.seq_rm(seq, keep, -1)
+
+    def empty(self, seq: int) -> bool:
+        """Empty ``seq``; True when it is verified empty. seq_rm covers positions
+        [0, INT32_MAX), so a cell at INT32_MAX survives it: then, when no other sequence
+        holds KV, the whole memory is cleared instead (nothing else is lost). False: the
+        sequence still holds KV (only if the native state check let such a state through)."""
+        ctx = self.ctx
+        ctx.seq_rm(seq, -1, -1)
+        if ctx.seq_pos_max(seq) == -1:
+            return True
+        if all(ctx.seq_pos_max(s) == -1 for s in range(ctx.n_seq_max) if s != seq):
+            ctx.memory_clear()
+        return bool(ctx.seq_pos_max(seq) == -1)
 
     def reset(self) -> None:
         """A new context: every sequence free, no session holds live KV (after a timeout)."""
