@@ -148,12 +148,12 @@ def test_nested_repetitions_are_refused_at_once(outcome, case, key):
     kind, got_key, message, seconds = outcome[case]
     assert (kind, got_key) == ("InvalidOption", key)
     assert "match stacks" in message and "at most 256" in message
-    assert seconds < 1.0
+    assert seconds < 10.0  # refused before matching (~0.05 s quiet); a loaded CI machine is slower
 
 
 def test_a_small_nested_repetition_still_generates(outcome):
     kind, _finish, seconds = outcome["small_nested_pattern"]
-    assert kind == "ok" and seconds < 5.0
+    assert kind == "ok" and seconds < 60.0  # 8 tokens under the grammar; 12 s seen on a loaded machine
 
 
 def test_a_huge_repetition_is_refused_by_llama_cpp_cleanly(outcome):
