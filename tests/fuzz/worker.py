@@ -141,7 +141,11 @@ class Worker:
         return out
 
     def _stream(self, prompt, opts: dict, facts: dict) -> None:
-        s = wb.stream(self.m, prompt, **opts)
+        self._consume(wb.stream(self.m, prompt, **opts), facts)
+
+    @staticmethod
+    def _consume(s, facts: dict) -> None:
+        """Read a (chat) stream up to TOKEN_CAP tokens; an Error event is raised, closed after."""
         n = 0
         try:
             for ev in s:
@@ -204,20 +208,7 @@ class Worker:
             facts["prompt_len"] = len(r.prompt)
             return
         opts.setdefault("tool_choice", case.get("tool_choice"))
-        s = wb.chat_stream(*args, **opts)
-        n = 0
-        try:
-            for ev in s:
-                if isinstance(ev, wb.TokenId):
-                    n += 1
-                    if n >= TOKEN_CAP:
-                        break
-                elif isinstance(ev, wb.Error):
-                    facts["error_event"] = type(ev.reason).__name__
-                    raise ev.reason
-        finally:
-            s.close()
-        facts["tokens"] = n
+        self._consume(wb.chat_stream(*args, **opts), facts)
 
     def case_embed(self, case: dict, facts: dict) -> None:
         if case.get("batch"):

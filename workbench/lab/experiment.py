@@ -11,7 +11,7 @@ For each request, in arrival order (the clock is the trace's arrival time in sec
    prompt_tokens - prefilled_tokens;
 3. store the rows the engine would save: checkpoints, the agent prefix (pinned), the
    prompt without its last token, the prompt + reply (without its end-of-turn token) at
-   finish (rules in `plan.py`, after `Engine._save_points` and `_finish`).
+   finish (rules in `plan.py`, after the engine's `SavePoints.plan` and `SavePoints.at_finish`).
 
 A row of n tokens costs n * bytes_per_token bytes (default 23,040: SmolLM2-135M's f16 K+V
 per token). The cache is `simcache.SimCache`: the cache's own Catalog, PrefixIndex, Level

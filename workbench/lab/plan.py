@@ -1,6 +1,6 @@
 """What each request of a trace looks up and saves, and replaying that through one cache.
 
-The save rules mirror the engine (`Engine._start`, `_save_points` and `_finish`). For a
+The save rules mirror the engine (`Admission`, `SavePoints.plan` and `SavePoints.at_finish`). For a
 prompt of n tokens, `matched` being the longest cached row that is a token prefix of it:
 
     lookup      none for a one-token prompt (nothing could be reused): it is cold
