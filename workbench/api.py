@@ -41,14 +41,6 @@ def load_model(config: Mapping[str, Any] | None = None, /, **kwargs: Any) -> str
         raise InvalidOption("config", config, "a dict of load options", "config")
     cfg = build(LoadConfig, config, "config", **kwargs)
     path = Path(cfg.model_path).expanduser() if cfg.model_path is not None else fetch_default_model()
-    # the file first (a FIFO would block the read below, a path that cannot name a file
-    # must be a ModelFileError); then the settings whose defaults depend on the model's
-    # training context, checked before the model probe (which would only say that llama.cpp
-    # aborted); 0 for a file that states none
-    check_model_file(path)
-    n_ctx_train = _native.gguf_context_length(str(path))
-    cfg.context_params(n_ctx_train)
-    cfg.embed_params(n_ctx_train)
     model_id = registry.reserve(cfg.model_id, path)
     try:
         engine = Engine.load(model_id, path, cfg)

@@ -140,16 +140,17 @@ class Worker:
             except (OSError, subprocess.TimeoutExpired):
                 self.proc.kill()
                 self.proc.wait()
-        rc = self.proc.returncode
-        self.proc.stdout.close()
-        self._log.close()
-        self.proc = None
-        return rc
+        return self._reap()
 
     def _kill(self) -> int | None:
         assert self.proc is not None
         self.proc.kill()
         self.proc.wait()
+        return self._reap()
+
+    def _reap(self) -> int | None:
+        """The ended worker's exit status; its pipes and log closed."""
+        assert self.proc is not None
         rc = self.proc.returncode
         self.proc.stdout.close()
         self._log.close()

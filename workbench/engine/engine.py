@@ -126,7 +126,12 @@ class Engine:
     # --- construction ------------------------------------------------------------------
     @classmethod
     def load(cls, model_id: str, path: Path, cfg: LoadConfig) -> Engine:
-        path = check_model_file(path)
+        path = check_model_file(path)  # first: a FIFO would block the reads below
+        # settings whose defaults depend on the training context the file states (0: none),
+        # checked before the probe, which could only say that llama.cpp aborted
+        n_ctx_train = _native.gguf_context_length(str(path))
+        cfg.context_params(n_ctx_train)
+        cfg.embed_params(n_ctx_train)
         n_gpu = cfg.n_gpu_layers if _native.cuda else 0
         # in a child process first: llama.cpp aborts the process on many malformed files
         probe(path, fingerprint(path), cfg)
