@@ -266,6 +266,18 @@ class ThinkingStream(EventEnds):
             self._convert(next(self.stream))
         return self._emit()
 
+    def poll(self, timeout: float | None = 0.0) -> Event | None:
+        """As Stream.poll: the next event within `timeout` seconds, else None."""
+        while not self._pending:
+            if self._ended:
+                return None
+            ev = self.stream.poll(timeout)
+            if ev is None:
+                return None
+            self._convert(ev)
+            timeout = 0.0  # an event that showed nothing yet (a held-back piece): no more waiting
+        return self._emit()
+
     def __aiter__(self) -> AsyncIterator[Event]:
         return self
 

@@ -132,16 +132,23 @@ class Request:
         return self.boundaries[0][0] if self.boundaries else None
 
     def info(self) -> dict[str, Any]:
-        """A snapshot for request_info(); safe from any thread."""
+        """A snapshot for request_info(); safe from any thread. The cache facts are known
+        from admission on (None while queued): `cache_hit_kind`, `reused_tokens` (prompt
+        tokens whose KV was restored or kept); `prefilled_tokens` grows chunk by chunk
+        until reused + prefilled = prompt_tokens."""
+        admitted = self.admitted_at is not None
         return {
             "ref": self.ref,
             "model": self.model_id,
             "phase": self.phase,
             "seq": self.seq,
             "session_id": self.opts.session_id,
-            "cache_hit_kind": self.hit_kind.value,
+            "cache_hit_kind": self.hit_kind.value if admitted else None,
             "prompt_tokens": len(self.prompt),
+            "reused_tokens": self.reused if admitted else None,
+            "prefilled_tokens": self.prefilled,
             "generated_tokens": len(self.generated),
+            "response_tokens": self.opts.response_tokens,
             "age_s": time.perf_counter() - self.submitted_at,
             "cancel_requested": self.cancel_requested,
         }

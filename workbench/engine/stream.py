@@ -7,7 +7,9 @@ never leaves a sequence busy.
 from __future__ import annotations
 
 import asyncio
+import collections
 import queue
+import threading
 from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING
 
@@ -43,6 +45,35 @@ class Stream(EventEnds):
         self.ref = request.ref
         self.model = engine.model_id
         self.done: Done | None = None
+        # events taken off the request's queue, not yet handed out: a wait cut short (a
+        # cancelled await, an Interrupt) leaves its event here, in order, never lost
+        self._stash: collections.deque[Event] = collections.deque()
+        self._taking = threading.Lock()  # one taker at a time keeps the order
+
+    # --- taking events -----------------------------------------------------------------
+    def _take(self, timeout: float | None) -> bool:
+        """Make sure the next event is in the stash, waiting up to `timeout` seconds (None:
+        until it comes); False when none came in time."""
+        if self._stash:
+            return True
+        if not self._taking.acquire(timeout=-1 if timeout is None else timeout):
+            return False
+        try:
+            if not self._stash:
+                self._stash.append(self._request.events.get(timeout=timeout))
+            return True
+        except queue.Empty:
+            return False
+        finally:
+            self._taking.release()
+
+    def poll(self, timeout: float | None = 0.0) -> Event | None:
+        """The next event if one comes within `timeout` seconds (0: only one already
+        there; None: wait for it), else None; None also once the stream has ended. Lets a
+        consumer that must stay responsive (a notebook cell) wait in short slices."""
+        if self._ended or not self._take(timeout):
+            return None
+        return self._seen(self._stash.popleft())
 
     # --- sync iteration ------------------------------------------------------------------
     def __iter__(self) -> Iterator[Event]:
@@ -52,11 +83,11 @@ class Stream(EventEnds):
         if self._ended:
             raise StopIteration
         try:
-            ev = self._request.events.get()
+            self._take(None)
         except KeyboardInterrupt:
             self.cancel()
             raise
-        return self._seen(ev)
+        return self._seen(self._stash.popleft())
 
     # --- async iteration ---------------------------------------------------------------
     def __aiter__(self) -> AsyncIterator[Event]:
@@ -65,16 +96,13 @@ class Stream(EventEnds):
     async def __anext__(self) -> Event:
         if self._ended:
             raise StopAsyncIteration
-        q = self._request.events
-        try:
-            ev = q.get_nowait()
-        except queue.Empty:
+        if not self._take(0.0):
             try:
-                ev = await asyncio.get_running_loop().run_in_executor(None, q.get)
+                await asyncio.get_running_loop().run_in_executor(None, self._take, None)
             except asyncio.CancelledError:
-                self.cancel()
+                self.cancel()  # the waiting thread stashes the next event; the Done follows
                 raise
-        return self._seen(ev)
+        return self._seen(self._stash.popleft())
 
     # --- control -----------------------------------------------------------------------
     def cancel(self) -> None:
@@ -111,8 +139,8 @@ class Stream(EventEnds):
                 raise ev.reason
         if self.done is None:  # closed before the end
             self._request.finished.wait()
-            while not self._request.events.empty():
-                ev = self._request.events.get()
+            while self._take(0.0):
+                ev = self._stash.popleft()
                 if isinstance(ev, Done):
                     self.done = ev
                 elif isinstance(ev, Error):
