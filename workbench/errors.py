@@ -8,6 +8,7 @@ generic ``except ValueError`` code keeps working.
 
 from __future__ import annotations
 
+import difflib
 from typing import Any
 
 
@@ -23,13 +24,37 @@ class OptionError(WorkbenchError, ValueError):
     key: str
 
 
+# names users bring from the OpenAI API, llama.cpp or Ollama, and ours for the same thing
+OPTION_ALIASES = {
+    "max_tokens": "response_tokens", "max_new_tokens": "response_tokens", "max_completion_tokens": "response_tokens",
+    "n_predict": "response_tokens", "num_predict": "response_tokens", "stop": "stop_sequences",
+    "repeat_penalty": "repetition_penalty", "ctx_size": "n_ctx", "num_ctx": "n_ctx", "threads": "n_threads",
+    "model": "model_path", "response_format": "json_schema",
+}
+
+
+def close_matches(word: str, known: list[str] | tuple[str, ...], aliases: dict[str, str] | None = None) -> list[str]:
+    """The known names `word` was probably meant to be: its alias (looked up without leading
+    dashes, so "--max_tokens" finds the alias of "max_tokens") when that is known, else the
+    name spelled the same but for "_" / "-", else up to three names difflib finds close."""
+    canon = word.replace("-", "_")
+    by_canon = {k.replace("-", "_"): k for k in known}
+    alias = (aliases or {}).get(canon.lstrip("_"))
+    meant = [k for c, k in by_canon.items() if alias is not None and c.lstrip("_") == alias]
+    if meant:
+        return meant
+    if canon in by_canon:
+        return [by_canon[canon]]
+    return [by_canon[c] for c in difflib.get_close_matches(canon, list(by_canon), n=3, cutoff=0.6)]
+
+
 class UnknownOption(OptionError):
     """An option or config key that the call does not know."""
 
     def __init__(self, key: str, allowed: list[str] | tuple[str, ...], where: str = "option") -> None:
         self.key, self.allowed, self.where = key, tuple(allowed), where
-        close = [a for a in self.allowed if a.startswith(key[:3])] if key else []
-        hint = f" (did you mean {', '.join(repr(c) for c in close)}?)" if close else ""
+        close = close_matches(str(key), self.allowed, OPTION_ALIASES)
+        hint = f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
         super().__init__(f"unknown {where} {key!r}{hint}; known: {', '.join(sorted(self.allowed))}")
 
 

@@ -27,7 +27,27 @@ def test_unknown_key_names_the_key_and_suggests():
     with pytest.raises(UnknownOption) as e:
         build(RequestOptions, {"respone_tokens": 3})
     assert e.value.key == "respone_tokens"
-    assert "response_tokens" in str(e.value)
+    assert "(did you mean 'response_tokens'?)" in str(e.value)
+
+
+@pytest.mark.parametrize("key,meant", [
+    ("max_tokens", "response_tokens"), ("n_predict", "response_tokens"), ("stop", "stop_sequences"),
+    ("repeat_penalty", "repetition_penalty"), ("temprature", "temperature"), ("top-k", "top_k"),
+])
+def test_unknown_key_suggests_what_was_meant(key, meant):
+    with pytest.raises(UnknownOption, match=rf"unknown option '{key}' \(did you mean '{meant}'\?\)"):
+        build(RequestOptions, {key: 3})
+
+
+def test_no_suggestion_for_a_name_like_none_and_aliases_only_where_known():
+    with pytest.raises(UnknownOption) as e:
+        build(RequestOptions, {"zzzz": 3})
+    assert "did you mean" not in str(e.value)
+    with pytest.raises(UnknownOption) as e:  # the alias' target is not an option of this call
+        build(LoadConfig, {"max_tokens": 3}, "config")
+    assert "response_tokens" not in str(e.value).split("; known")[0]
+    with pytest.raises(UnknownOption, match=r"'ctx_size' \(did you mean 'n_ctx'\?\)"):
+        build(LoadConfig, {"ctx_size": 3}, "config")
 
 
 @pytest.mark.parametrize("key,value", [
