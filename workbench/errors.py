@@ -34,18 +34,19 @@ OPTION_ALIASES = {
 
 
 def close_matches(word: str, known: list[str] | tuple[str, ...], aliases: dict[str, str] | None = None) -> list[str]:
-    """The known names `word` was probably meant to be: its alias (looked up without leading
-    dashes, so "--max_tokens" finds the alias of "max_tokens") when that is known, else the
-    name spelled the same but for "_" / "-", else up to three names difflib finds close."""
-    canon = word.replace("-", "_")
-    by_canon = {k.replace("-", "_"): k for k in known}
-    alias = (aliases or {}).get(canon.lstrip("_"))
-    meant = [k for c, k in by_canon.items() if alias is not None and c.lstrip("_") == alias]
-    if meant:
-        return meant
-    if canon in by_canon:
-        return [by_canon[canon]]
-    return [by_canon[c] for c in difflib.get_close_matches(canon, list(by_canon), n=3, cutoff=0.6)]
+    """The known names `word` was probably meant to be: its alias when that is known, else
+    the name spelled the same but for "_" / "-", else up to three names difflib finds
+    close. Leading dashes are ignored, so "--max_tokens" is compared as "max_tokens"."""
+    def bare(name: str) -> str:
+        return name.replace("-", "_").lstrip("_")
+
+    by_bare = {bare(k): k for k in known}
+    alias = (aliases or {}).get(bare(word))
+    if alias in by_bare:
+        return [by_bare[alias]]
+    if bare(word) in by_bare:
+        return [by_bare[bare(word)]]
+    return [by_bare[c] for c in difflib.get_close_matches(bare(word), list(by_bare), n=3, cutoff=0.6)]
 
 
 class UnknownOption(OptionError):

@@ -33,3 +33,15 @@ def format_bytes(n: int | float | None) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} TiB"  # unreachable
+
+
+def format_count(n: int | float | None) -> str:
+    """A count in words as model sizes are written: 134_515_008 -> '135M', 1.54e9 -> '1.5B'."""
+    if n is None or n != n:
+        return ""
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(n) >= scale * 0.9995:  # 999,999 is 1M, not 1000K
+            v = n / scale
+            text = f"{v:.1f}" if v < 9.95 else f"{v:.0f}"
+            return text.removesuffix(".0") + unit
+    return f"{n:.0f}"

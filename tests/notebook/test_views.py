@@ -39,13 +39,68 @@ def test_cache_rows_dtypes_and_eviction_order() -> None:
     assert df["reason"].iloc[-1] == "agent_prefix"
 
 
+def unix_time_cache(policy: str) -> TieredCache:
+    """Rows saved one second apart at unix time ~1.8e9: raw lru/frecency scores alike."""
+    now = [1.8e9]
+    cache = TieredCache([RamTier("ram", None)], policy=policy, clock=lambda: now[0])
+    for n in range(2, 6):
+        cache.put(NS, list(range(n)), b"x" * (n << 20))
+        now[0] += 1
+    return cache
+
+
+@pytest.mark.parametrize("policy", ["lru", "frecency"])
+def test_cache_rows_can_be_ranked_by_eye(policy: str) -> None:
+    df = views.cache_rows(unix_time_cache(policy))
+    assert df["score"].round(-6).nunique() == 1  # what the raw column shows: 1.8e9 everywhere
+    assert list(df["rank"]) == [1, 2, 3, 4] and list(df["n_tokens"]) == [2, 3, 4, 5]  # oldest goes first
+    assert list(df["score_norm"]) == pytest.approx([0, 1 / 3, 2 / 3, 1])
+    assert list(df["age_s"]) == list(df["idle_s"]) == [3.0, 2.0, 1.0, 0.0]
+    assert list(df["MiB"]) == [2.0, 3.0, 4.0, 5.0] and list(df["bytes"]) == [n << 20 for n in range(2, 6)]
+
+
+def test_rank_counts_within_each_tier_and_protected_rows_last() -> None:
+    df = views.cache_rows(hand_made_cache())
+    assert list(df["rank"]) == [1, 2, 3] and list(df["tiers"]) == [["ram"]] * 3
+    assert df["score_norm"].between(0, 1).all()
+    assert df.loc[df["rank"] == 1, "score_norm"].item() == 0.0
+    assert df.loc[df["hits"] == 1, "idle_s"].item() == 0.0  # the row just hit is the latest use
+    cache = hand_made_cache()
+    key = views.cache_rows(cache).index[0]
+    cache.evict_bytes(50, "ram")  # demotes the next victim to "slow"
+    moved = views.cache_rows(cache)
+    assert moved.loc[key, "tier"] == "slow" and moved.loc[key, "rank"] == 1
+    assert list(moved.loc[moved["tier"] == "ram", "rank"]) == [1, 2]
+
+
 def test_tiers_occupancy() -> None:
     df = views.tiers(hand_made_cache())
     assert list(df.index) == ["ram", "slow"]
     assert df.loc["ram", "budget_bytes"] == 1000 and pd.isna(df.loc["slow", "budget_bytes"])
     assert df.loc["ram", "occupancy"] == pytest.approx(df.loc["ram", "used_bytes"] / 1000)
-    assert pd.isna(df.loc["slow", "occupancy"])
+    assert df.loc["ram", "percent_full"] == pytest.approx(100 * df.loc["ram", "used_bytes"] / 1000)
+    assert df.loc["ram", "used_MiB"] == df.loc["ram", "used_bytes"] / 2**20
+    assert pd.isna(df.loc["slow", "occupancy"]) and pd.isna(df.loc["slow", "percent_full"])
     assert str(df["budget_bytes"].dtype) == "Int64" and df["used_bytes"].dtype == "int64"
+
+
+def test_style_shows_units_and_short_keys() -> None:
+    cache = hand_made_cache()
+    tiers = views.style(views.tiers(cache)).to_string()
+    assert "1000 B" in tiers and "unbounded" in tiers and "12%" in tiers  # 120 of 1000 bytes
+    rows = views.cache_rows(cache)
+    text = views.style(rows).to_string()
+    assert "50 B" in text and rows.index[0][:12] in text and rows.index[0] not in text
+    assert rows["bytes"].dtype == "int64"  # the frame keeps its numbers
+
+
+def test_models_give_the_parameter_count_in_words(monkeypatch: pytest.MonkeyPatch) -> None:
+    infos = [{"model_id": "small", "desc": "llama 256M Q4_1", "n_params": 134_515_008},
+             {"model_id": "big", "desc": "qwen2 1.5B Q8_0", "n_params": 1_543_714_304}]
+    monkeypatch.setattr(wb, "list_models", lambda: infos)
+    df = views.models()
+    assert list(df["params"]) == ["135M", "1.5B"] and df.loc["small", "desc"] == "llama 256M Q4_1"
+    assert df["n_params"].tolist() == [134_515_008, 1_543_714_304]
 
 
 def test_counters_with_and_without_a_cache() -> None:
@@ -66,6 +121,10 @@ def test_empty_views_keep_their_dtypes(monkeypatch: pytest.MonkeyPatch) -> None:
     assert list(req["cache_hit_kind"].cat.categories) == ["cold", "partial", "exact", "sticky", "continuation"]
     assert req["prompt_tokens"].dtype == "int64"
     assert len(views.models()) == 0 and views.models().index.name == "model_id"
+    assert views.models()["params"].dtype == "string"
+    rows = views.cache_rows(TieredCache([RamTier("ram", 1000)]))
+    assert len(rows) == 0 and str(rows["rank"].dtype) == "Int64"
+    assert rows["score_norm"].dtype == rows["MiB"].dtype == rows["age_s"].dtype == "float64"
 
 
 def test_resolve_cache_errors(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -84,6 +143,7 @@ def test_engine_views_with_the_model(model: str) -> None:
     assert model in models.index
     row = models.loc[model]
     assert row["n_vocab"] == 49152 and str(models["n_ctx"].dtype) == "Int64"
+    assert row["params"] == "135M"  # SmolLM2-135M, whatever llama.cpp's desc says
     assert models["has_chat_template"].dtype == "boolean"
 
     s = wb.stream(model, "Count slowly from one to fifty:", response_tokens=200, ignore_eos=True)

@@ -13,12 +13,12 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
-from IPython.core.magic_arguments import argument, magic_arguments
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 import workbench as wb
 from workbench import errors
 from workbench.notebook import views, widgets
-from workbench.units import format_bytes, parse_bytes
+from workbench.units import format_bytes, format_count, parse_bytes
 
 if TYPE_CHECKING:
     from workbench.notebook.magics import WorkbenchMagics
@@ -36,6 +36,39 @@ def usage_errors() -> Iterator[None]:
         yield
     except ARGUMENT_ERRORS as e:
         raise UsageError(str(e)) from None
+
+
+# the API's option names (and others') typed as flags, and the flag each means
+FLAG_ALIASES = {"response_tokens": "max_tokens", "max_new_tokens": "max_tokens", "n_predict": "max_tokens",
+                "stop_sequences": "stop", "session_id": "session", "system_prompt": "system"}
+_UNRECOGNIZED = "unrecognized arguments: "
+
+
+def parse_arguments(fn: Any, line: str) -> Any:
+    """`parse_argstring(fn, line)`, whose "unrecognized arguments" UsageError also says which
+    of fn's flags each unknown one probably meant (--max_tokens: did you mean --max-tokens?)."""
+    try:
+        return parse_argstring(fn, line)
+    except UsageError as e:
+        message = str(e)
+        if not message.startswith(_UNRECOGNIZED):
+            raise
+        hints = _flag_hints(fn.parser, message[len(_UNRECOGNIZED):].split())
+        raise UsageError(message + (f" ({'; '.join(hints)})" if hints else "")) from None
+
+
+def _flag_hints(parser: Any, words: list[str]) -> list[str]:
+    # argparse lists no option strings publicly; its _actions are the documented way in
+    flags = [f for action in parser._actions for f in action.option_strings if f.startswith("--")]
+    hints = []
+    for word in words:
+        flag = word.split("=", 1)[0]
+        if not flag.startswith("-"):
+            continue
+        meant = errors.close_matches(flag, flags, FLAG_ALIASES)
+        if meant:
+            hints.append(f"{flag}: did you mean {' or '.join(meant)}?")
+    return hints
 
 
 def with_arguments(args: list[Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -69,7 +102,8 @@ def _load(m: WorkbenchMagics, args: Any) -> None:
         mid = wb.load_model(**cfg)
     m.current_model = mid
     info = wb.model_info(mid)
-    print(f"loaded {mid!r}: {info.get('desc', '')}, n_ctx {info['n_ctx']}, {info['n_seq_max']} sequences")
+    print(f"loaded {mid!r}: {format_count(info.get('n_params'))} parameters (llama.cpp: {info.get('desc', '')}), "
+          f"n_ctx {info['n_ctx']}, {info['n_seq_max']} sequences")
 
 
 @magic_arguments(name="wb models")
@@ -104,15 +138,17 @@ def _counters(m: WorkbenchMagics, args: Any) -> Any:
 
 @magic_arguments(name="wb history")
 def _history(m: WorkbenchMagics, args: Any) -> Any:
-    """Generations of this session (%%generate / %%chat) with their stats."""
+    """Generations of this session (%%generate / %%chat) with their stats; ttft_ms is the
+    time to first token in milliseconds."""
     import pandas as pd
 
     rows = [{"ref": r.ref, "model": r.model, "finish_reason": r.finish_reason, "cache_hit_kind": r.cache_hit_kind,
              "prompt_tokens": r.stats.prompt_tokens if r.stats else None,
              "generated_tokens": r.stats.generated_tokens if r.stats else None,
-             "ttft_s": r.stats.ttft_s if r.stats else None} for r in m.history]
+             "ttft_ms": r.stats.ttft_s * 1000 if r.stats and r.stats.ttft_s is not None else None}
+            for r in m.history]
     return pd.DataFrame(rows, columns=["ref", "model", "finish_reason", "cache_hit_kind", "prompt_tokens",
-                                       "generated_tokens", "ttft_s"])
+                                       "generated_tokens", "ttft_ms"])
 
 
 @magic_arguments(name="wb mode")

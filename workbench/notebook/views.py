@@ -17,6 +17,7 @@ from workbench import registry
 from workbench.cache import HitKind, TieredCache
 from workbench.engine.events import REQUEST_PHASES
 from workbench.errors import InvalidOption
+from workbench.units import format_count
 
 HIT_KINDS = tuple(kind.value for kind in HitKind)  # the categories of cache_hit_kind columns
 PHASES = REQUEST_PHASES
@@ -75,19 +76,23 @@ def requests() -> pd.DataFrame:
 
 
 _MODEL_DTYPES = {  # nullable dtypes: model_info may lack a key on some builds (gpu, chat...)
-    "model_id": "string", "desc": "string", "path": "string", "fingerprint": "string", "n_params": "Int64",
-    "size_bytes": "Int64", "n_vocab": "Int64", "n_ctx_train": "Int64", "n_ctx": "Int64", "n_batch": "Int64",
-    "n_ubatch": "Int64", "n_seq_max": "Int64", "n_threads": "Int64", "flash_attn": "string",
+    "model_id": "string", "params": "string", "desc": "string", "path": "string", "fingerprint": "string",
+    "n_params": "Int64", "size_bytes": "Int64", "n_vocab": "Int64", "n_ctx_train": "Int64", "n_ctx": "Int64",
+    "n_batch": "Int64", "n_ubatch": "Int64", "n_seq_max": "Int64", "n_threads": "Int64", "flash_attn": "string",
     "type_k": "string", "type_v": "string", "prefill_chunk_size": "Int64", "available_seqs": "Int64",
     "phase": "category", "queue_depth": "Int64", "has_chat_template": "boolean", "gpu": "object",
 }
 
 
 def models() -> pd.DataFrame:
-    """Loaded models (model_info of each), indexed by model_id; extra keys are kept."""
+    """Loaded models (model_info of each), indexed by model_id; extra keys are kept.
+    `params` is n_params in words ("135M"); `desc` is llama.cpp's own description, whose
+    size ("256M" for SmolLM2-135M) is llama.cpp's size class of the architecture, not a count."""
     infos = wb.list_models()
     extra = sorted({k for info in infos for k in info} - set(_MODEL_DTYPES))
-    rows = [{k: info.get(k) for k in [*_MODEL_DTYPES, *extra]} for info in infos]
+    rows = [{**{k: info.get(k) for k in [*_MODEL_DTYPES, *extra]},
+             "params": format_count(info["n_params"]) if info.get("n_params") is not None else None}
+            for info in infos]
     return _frame(rows, {**_MODEL_DTYPES, **dict.fromkeys(extra, "object")}, "model_id")
 
 
@@ -99,38 +104,105 @@ def sessions(model: str) -> pd.DataFrame:
 
 # --- cache ------------------------------------------------------------------------------------
 
+MIB = float(1 << 20)
+
 _ROW_DTYPES = {
-    "key": "string", "key_preview": "string", "scope": "string", "n_tokens": "int64", "bytes": "int64",
-    "tier": "string", "tiers": "object", "reason": "category", "hits": "int64", "last_hit_at": "float64",
-    "created_at": "float64", "pinned": "bool", "live": "bool", "score": "float64",
+    "key": "string", "tier": "string", "rank": "Int64", "reason": "category", "n_tokens": "int64",
+    "bytes": "int64", "MiB": "float64", "hits": "int64", "age_s": "float64", "idle_s": "float64",
+    "pinned": "bool", "live": "bool", "score": "float64", "score_norm": "float64", "tiers": "object",
+    "key_preview": "string", "scope": "string", "last_hit_at": "float64", "created_at": "float64",
 }
 
 
 def cache_rows(cache: TieredCache | str | None = None) -> pd.DataFrame:
-    """Every cached row with its eviction score under its top tier's policy, indexed by key,
-    in eviction order within each tier (the next victim first: unprotected, lowest score).
-    Times are the cache clock's seconds (unix time for the engine's cache)."""
+    """Every cached row, indexed by key, in eviction order within each tier (the next victim
+    first: unprotected rows by lowest score, then pinned and live ones).
+
+    `tier` is the fastest tier holding the row, whose policy gives its `score` and whose
+    eviction order `rank` is (1 = next victim); `tiers` lists every tier holding a copy.
+    `score_norm` places the score between the tier's lowest (0) and highest (1): raw scores
+    of time-based policies (lru, frecency) are seconds on the cache clock, alike to many
+    digits. `age_s` / `idle_s`: seconds from the row's creation / last use to the cache's
+    latest save or hit. `MiB` is `bytes` / 2**20; `style(df)` shows units."""
     c = resolve_cache(cache)
     order = {t["name"]: i for i, t in enumerate(c.list_tiers())}
     rows = c.rows()
     rows.sort(key=lambda r: (order.get(r["tier"], len(order)), r["pinned"] or r["live"],
-                             float("inf") if r["score"] is None else r["score"]))
+                             float("inf") if r["score"] is None else r["score"], _last_use(r)))
+    _add_readable_columns(rows)
     return _frame(rows, _ROW_DTYPES, "key")
+
+
+def _last_use(row: dict[str, Any]) -> float:
+    return float(row["created_at"] if row["last_hit_at"] is None else row["last_hit_at"])
+
+
+def _add_readable_columns(rows: list[dict[str, Any]]) -> None:
+    """rank, score_norm, age_s, idle_s and MiB of rows sorted in eviction order."""
+    latest = max((_last_use(r) for r in rows), default=0.0)
+    scores: dict[Any, list[float]] = {}
+    for r in rows:
+        if r["score"] is not None:
+            scores.setdefault(r["tier"], []).append(r["score"])
+    seen: dict[Any, int] = {}
+    for r in rows:
+        seen[r["tier"]] = seen.get(r["tier"], 0) + 1
+        known = scores.get(r["tier"])
+        lo, hi = (min(known), max(known)) if known else (0.0, 0.0)
+        r.update(rank=None if r["tier"] is None else seen[r["tier"]], MiB=r["bytes"] / MIB,
+                 age_s=latest - r["created_at"], idle_s=latest - _last_use(r),
+                 score_norm=None if r["score"] is None else ((r["score"] - lo) / (hi - lo) if hi > lo else 0.0))
 
 
 _TIER_DTYPES = {
     "name": "string", "kind": "category", "policy": "string", "budget_bytes": "Int64", "used_bytes": "int64",
-    "reserved_bytes": "int64", "rows": "int64", "occupancy": "Float64", "persistent": "bool", "root": "string",
+    "reserved_bytes": "int64", "rows": "int64", "occupancy": "Float64", "budget_MiB": "Float64",
+    "used_MiB": "float64", "percent_full": "Float64", "persistent": "bool", "root": "string",
 }
 
 
 def tiers(cache: TieredCache | str | None = None) -> pd.DataFrame:
     """Tiers fastest first, indexed by name: budget, use, occupancy (used / budget; NA when
-    unbounded), policy."""
+    unbounded), the same in MiB and percent, policy."""
     c = resolve_cache(cache)
     rows = []
     for t in c.list_tiers():
         budget = t.get("budget_bytes")
-        rows.append({**{k: t.get(k) for k in _TIER_DTYPES},
-                     "occupancy": (t["used_bytes"] / budget) if budget else None})
+        full = (t["used_bytes"] / budget) if budget else None
+        rows.append({**{k: t.get(k) for k in _TIER_DTYPES}, "occupancy": full,
+                     "percent_full": None if full is None else 100 * full,
+                     "budget_MiB": None if budget is None else budget / MIB, "used_MiB": t["used_bytes"] / MIB})
     return _frame(rows, _TIER_DTYPES, "name")
+
+
+# --- display ----------------------------------------------------------------------------------
+
+def style(df: pd.DataFrame) -> Any:
+    """A pandas Styler showing a view with units: bytes columns as KiB/MiB/GiB (an NA
+    budget as "unbounded"), occupancy as a percent, seconds and MiB to 0.1, keys cut to 12
+    characters, scores and times to 10 digits. The DataFrame keeps its raw numbers."""
+    names = [str(c) for c in df.columns]
+    sized = [c for c in names if c == "bytes" or c.endswith("_bytes")]
+    formats = {c: f for c in names if (f := _display_format(c)) is not None}
+    styler = df.style.format(formats, na_rep="-").format(_bytes_text, subset=sized)
+    if df.index.name == "key":
+        styler = styler.format_index(lambda k: str(k)[:12])
+    return styler
+
+
+def _display_format(column: str) -> str | None:
+    if column == "occupancy":
+        return "{:.0%}"
+    if column == "percent_full":
+        return "{:.0f}%"
+    if column == "score_norm":
+        return "{:.2f}"
+    if column in ("score", "last_hit_at", "created_at"):
+        return "{:.10g}"
+    return "{:.1f}" if column.endswith(("_s", "MiB")) else None
+
+
+def _bytes_text(value: Any) -> str:
+    from workbench.units import format_bytes
+
+    return format_bytes(None if pd.isna(value) else value)
