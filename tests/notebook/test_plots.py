@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import itertools
 
+from typing import Any
+
 import pandas as pd
+import pytest
 from matplotlib.figure import Figure
 
 from .test_widgets import done
 from workbench.cache import CacheNamespace, RamTier, TieredCache
 from workbench.engine.events import CompletionResult, Stats
-from workbench.notebook import plots
+from workbench.notebook import plots, views
 from workbench.notebook.results import Result
 
 
@@ -29,25 +32,103 @@ def test_ttft_cold_vs_warm() -> None:
     assert isinstance(fig, Figure)
     ax = fig.axes[0]
     assert [t.get_text() for t in ax.get_xticklabels()] == ["cold", "partial", "exact", "sticky"]
-    assert "faster warm" in ax.get_title()
-    assert ax.get_ylabel() == "time to first token (ms)"
+    assert ax.get_yscale() == "log" and ax.get_ylabel() == "time to first token (ms, log scale)"
+    # every request a dot, at its ttft in ms
+    dots = [list(c.get_offsets()[:, 1]) for c in ax.collections]
+    assert dots == [pytest.approx(ms) for ms in ([400, 500], [100], [40], [50, 60])]
+    # median cold 450 ms / median warm 55 ms (of 50, 100, 40, 60)
+    assert plots.speedup([0.4, 0.5], [0.05, 0.10, 0.04, 0.06]) == pytest.approx(450 / 55)
+    assert f"(median {450 / 55:.1f}x faster warm)" in ax.get_title() and "8.2x" in ax.get_title()
+    # each warm kind: median cold / its median
+    assert [t.get_text() for t in ax.texts] == [f"{450 / 100:.1f}x", f"{450 / 40:.1f}x", f"{450 / 55:.1f}x"]
+
+
+def test_no_speedup_without_cold_requests() -> None:
+    ax = plots.ttft_cold_warm(RESULTS[2:]).axes[0]
+    assert "faster" not in ax.get_title() and not ax.texts
+    assert plots.speedup([], [1.0]) is None and plots.speedup([1.0], [0.0]) is None
+
+
+def top_edges(ax: Any) -> list[list[float]]:
+    """The top of each stacked band, per x (its highest vertex there)."""
+    out = []
+    for band in ax.collections:
+        v = band.get_paths()[0].vertices
+        out.append([float(v[v[:, 0] == x, 1].max()) for x in sorted(set(v[:, 0]))])
+    return out
 
 
 def test_hit_kinds_over_time_from_results_and_frames() -> None:
     fig = plots.hit_kinds_over_time(RESULTS, window=2)
     ax = fig.axes[0]
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["cold", "partial", "exact", "sticky"]
+    # kinds cold cold sticky partial exact sticky, shares over the last two, stacked in that order
+    assert top_edges(ax) == [[1, 1, .5, 0, 0, 0], [1, 1, .5, .5, .5, 0], [1, 1, .5, .5, 1, .5], [1] * 6]
     frame = pd.DataFrame({"cache_hit_kind": ["cold", "sticky", "sticky"]})
-    assert isinstance(plots.hit_kinds_over_time(frame), Figure)
+    assert top_edges(plots.hit_kinds_over_time(frame, window=2).axes[0]) == [[1, .5, 0], [1, 1, 1]]
 
 
-def test_tier_occupancy_from_a_cache() -> None:
+def test_tier_occupancy_shows_percent_full() -> None:
     tick = itertools.count()
     cache = TieredCache([RamTier("ram", 1000), RamTier("big", None)], clock=lambda: float(next(tick)))
     cache.put(CacheNamespace("ab" * 32), [1, 2], b"x" * 250)
     fig = plots.tier_occupancy(cache)
     ax = fig.axes[0]
     assert [t.get_text() for t in ax.get_yticklabels()] == ["big", "ram"]  # fastest on top
-    labels = " ".join(t.get_text() for t in ax.texts)
-    assert "250 B / 1000 B" in labels and "unbounded" in labels
+    widths = [p.get_width() for p in ax.patches]
+    assert widths == [0, 100, 0, 25]  # the budgets (big has none), then the use: ram 25% full
+    assert [t.get_text().strip() for t in ax.texts] == ["0 B / unbounded", "25%: 250 B / 1000 B"]
+    assert views.tiers(cache).loc["ram", "percent_full"] == 25
 
+
+def replay_frame() -> pd.DataFrame:
+    """Three policies at three sizes; lfu's curve is frecency's."""
+    curves = {"lru": [0.9, 0.6, 0.3], "frecency": [0.8, 0.5, 0.2], "lfu": [0.8, 0.5, 0.2]}
+    rows = [{"policy": p, "size_bytes": size, "miss_ratio": y}
+            for p, ys in curves.items() for size, y in zip([4 << 20, 1 << 20, 16 << 20], [ys[1], ys[0], ys[2]])]
+    df = pd.DataFrame(rows)
+    df["policy"] = df["policy"].astype("category")
+    return df
+
+
+def test_miss_ratio_curves_plot_the_frame_and_name_identical_curves() -> None:
+    df = replay_frame()
+    ax = plots.miss_ratio_curves(df).axes[0]
+    assert len(ax.lines) == 3
+    for line, name in zip(ax.lines, ["lru", "frecency", "lfu"]):
+        part = df[df["policy"] == name].sort_values("size_bytes")
+        assert list(line.get_xdata()) == list(part["size_bytes"])
+        assert list(line.get_ydata()) == list(part["miss_ratio"])
+    assert len({line.get_marker() for line in ax.lines}) == 3
+    assert len({line.get_linestyle() for line in ax.lines}) == 3
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["lru", "frecency", "lfu (identical to frecency)"]
+
+
+def timeline_frame(policies: list[str]) -> pd.DataFrame:
+    rows = [{"policy": p, "size_bytes": 1 << 20, "request": r, "evictions": i * r, "hits": r // (i + 1)}
+            for i, p in enumerate(policies) for r in (10, 20, 30)]
+    return pd.DataFrame(rows)
+
+
+def test_eviction_timeline_small_multiples_for_five_policies() -> None:
+    names = ["lru", "lfu", "frecency", "gdsf", "s3fifo"]
+    tl = timeline_frame(names)
+    fig = plots.eviction_timeline(tl)
+    panels = [ax for ax in fig.axes if ax.get_visible()]
+    assert [ax.get_title() for ax in panels] == names
+    assert all(ax.get_shared_y_axes().joined(panels[0], ax) for ax in panels)
+    for ax, name in zip(panels, names):
+        part = tl[tl["policy"] == name]
+        evictions, hits = ax.lines
+        assert list(evictions.get_ydata()) == list(part["evictions"]) and hits.get_linestyle() == "--"
+        assert list(hits.get_ydata()) == list(part["hits"]) and list(hits.get_xdata()) == [10, 20, 30]
+    assert "1.0 MiB cache" in fig.get_suptitle()
+    one = plots.eviction_timeline(tl, ax=Figure().add_subplot())  # into a given Axes: one panel, all lines
+    assert len(one.axes[0].lines) == 10
+
+
+def test_eviction_timeline_errors() -> None:
+    with pytest.raises(ValueError, match="no cache size 5"):
+        plots.eviction_timeline(timeline_frame(["lru"]), size_bytes=5)
+    with pytest.raises(ValueError, match="no timeline"):
+        plots.eviction_timeline(pd.DataFrame({"policy": []}))

@@ -37,28 +37,61 @@ def _stats_of(results: Iterable[Any]) -> pd.DataFrame:
 
 def ttft_cold_warm(results: Iterable[Any], *, ax: Any = None) -> Any:
     """Time to first token of cold requests beside warm ones (any cache hit), one box per
-    hit kind with every request as a dot; the title gives the median speed-up."""
+    hit kind with every request as a dot, on a log axis (warm is often 100x faster). Each
+    warm kind is labelled with its speed-up (median cold / median of that kind); the title
+    gives median cold / median warm over all warm requests."""
     df = _stats_of(results).dropna(subset=["ttft_s"])
     fig, ax = _axes(ax)
     kinds = [k for k in HIT_KINDS if k in set(df["cache_hit_kind"])]
     kinds += sorted(set(df["cache_hit_kind"]) - set(kinds))
     data = [df.loc[df["cache_hit_kind"] == k, "ttft_s"].to_numpy() * 1000 for k in kinds]
     if kinds:
-        box = ax.boxplot(data, tick_labels=kinds, patch_artist=True, showfliers=False)
-        for patch, k in zip(box["boxes"], kinds):
-            patch.set_facecolor(HIT_COLOURS.get(k, UNKNOWN_COLOUR))
-            patch.set_alpha(0.35)
-        for x, (k, ys) in enumerate(zip(kinds, data), start=1):
-            ax.scatter([x] * len(ys), ys, s=12, color=HIT_COLOURS.get(k, UNKNOWN_COLOUR), zorder=3)
-    ax.set_ylabel("time to first token (ms)")
+        _boxes_and_dots(ax, kinds, data)
+    if len(df) and (df["ttft_s"] > 0).all():
+        _log_scale(ax)
+    ax.set_ylabel("time to first token (ms, log scale)" if ax.get_yscale() == "log" else "time to first token (ms)")
     ax.set_xlabel("cache hit kind")
-    cold = df.loc[df["cache_hit_kind"] == "cold", "ttft_s"]
-    warm = df.loc[df["cache_hit_kind"] != "cold", "ttft_s"]
+    cold = df.loc[df["cache_hit_kind"] == "cold", "ttft_s"].to_numpy() * 1000
+    _label_speedups(ax, cold, kinds, data)
+    ratio = speedup(cold, df.loc[df["cache_hit_kind"] != "cold", "ttft_s"].to_numpy() * 1000)
     title = "cold vs warm time to first token"
-    if len(cold) and len(warm) and warm.median() > 0:
-        title += f" (median {cold.median() / warm.median():.1f}x faster warm)"
-    ax.set_title(title)
+    ax.set_title(title + (f" (median {ratio:.1f}x faster warm)" if ratio is not None else ""))
     return fig
+
+
+def _boxes_and_dots(ax: Any, kinds: list[str], data: list[Any]) -> None:
+    box = ax.boxplot(data, tick_labels=kinds, patch_artist=True, showfliers=False)
+    for patch, k in zip(box["boxes"], kinds):
+        patch.set_facecolor(HIT_COLOURS.get(k, UNKNOWN_COLOUR))
+        patch.set_alpha(0.35)
+    for x, (k, ys) in enumerate(zip(kinds, data), start=1):
+        ax.scatter([x] * len(ys), ys, s=12, color=HIT_COLOURS.get(k, UNKNOWN_COLOUR), zorder=3)
+
+
+def _log_scale(ax: Any) -> None:
+    """A log y axis labelled 40, 100, 400 (not 4 x 10^1)."""
+    from matplotlib.ticker import FuncFormatter
+
+    ax.set_yscale("log")
+    plain = FuncFormatter(lambda v, _pos: f"{v:g}")
+    ax.yaxis.set_major_formatter(plain)
+    ax.yaxis.set_minor_formatter(plain)
+
+
+def _label_speedups(ax: Any, cold: Any, kinds: list[str], data: list[Any]) -> None:
+    """"12.3x" beside the median of each warm kind's box."""
+    for x, (kind, ys) in enumerate(zip(kinds, data), start=1):
+        ratio = None if kind == "cold" else speedup(cold, ys)
+        if ratio is not None:
+            ax.annotate(f"{ratio:.1f}x", (x + 0.28, float(pd.Series(ys).median())), va="center", fontsize="small")
+
+
+def speedup(cold: Any, warm: Any) -> float | None:
+    """median(cold) / median(warm) (None without both, or with a zero warm median)."""
+    cold, warm = pd.Series(cold, dtype=float), pd.Series(warm, dtype=float)
+    if not len(cold) or not len(warm) or not warm.median() > 0:
+        return None
+    return float(cold.median() / warm.median())
 
 
 def hit_kinds_over_time(data: Iterable[Any] | pd.DataFrame, *, window: int = 20, ax: Any = None) -> Any:
@@ -85,25 +118,26 @@ def hit_kinds_over_time(data: Iterable[Any] | pd.DataFrame, *, window: int = 20,
 
 
 def tier_occupancy(tiers: Any, *, ax: Any = None) -> Any:
-    """Used bytes against budget per tier (a TieredCache, a model id or views.tiers())."""
+    """Percent of its budget each tier holds (a TieredCache, a model id or views.tiers()),
+    labelled with used / budget bytes; an unbounded tier has no percent, only its use."""
     from workbench.notebook import views
     from workbench.units import format_bytes
 
     df = tiers if isinstance(tiers, pd.DataFrame) else views.tiers(tiers)
     fig, ax = _axes(ax, (7.0, 1.0 + 0.6 * max(1, len(df))))
-    names = list(df.index)[::-1]
-    rows = df.loc[names]
-    budget = rows["budget_bytes"].astype("Float64").fillna(rows["used_bytes"].astype("Float64")).to_numpy(
-        dtype=float, na_value=0.0)
-    used = rows["used_bytes"].to_numpy(dtype=float)
-    ax.barh(names, budget, color="#e9ecef", edgecolor="#adb5bd", label="budget")
-    ax.barh(names, used, color="#0d6efd", label="used")
-    for y, (u, b, raw_budget) in enumerate(zip(used, budget, rows["budget_bytes"])):
-        note = f"{format_bytes(u)} / {format_bytes(None if pd.isna(raw_budget) else int(raw_budget))}"
-        ax.text(max(b, u), y, "  " + note, va="center", fontsize="small")
-    ax.set_xlabel("bytes")
+    rows = df.loc[list(df.index)[::-1]]  # fastest on top
+    names = [str(n) for n in rows.index]
+    full = (100 * rows["used_bytes"] / rows["budget_bytes"].astype("Float64")).to_numpy(dtype=float, na_value=0.0)
+    bounded = rows["budget_bytes"].notna().to_numpy()
+    ax.barh(names, [100.0 if b else 0.0 for b in bounded], color="#e9ecef", edgecolor="#adb5bd", label="budget")
+    ax.barh(names, full, color="#0d6efd", label="used")
+    for y, (used, budget, pct) in enumerate(zip(rows["used_bytes"], rows["budget_bytes"], full)):
+        note = f"{format_bytes(used)} / {format_bytes(None if pd.isna(budget) else budget)}"
+        ax.text(100, y, "  " + ("" if pd.isna(budget) else f"{pct:.0f}%: ") + note, va="center", fontsize="small")
+    ax.set_xlim(0, 150)  # room for the labels
+    ax.set_xticks([0, 25, 50, 75, 100])
+    ax.set_xlabel("percent of the tier's budget in use")
     ax.set_title("tier occupancy")
-    ax.margins(x=0.35)
     return fig
 
 
@@ -111,7 +145,8 @@ def eviction_timeline(replay: pd.DataFrame, *, size_bytes: int | None = None,
                       policies: Sequence[str] | None = None, ax: Any = None) -> Any:
     """Cumulative evictions (solid) and hits (dashed) per request for each policy, at one
     cache size (default: the smallest), from `lab.replay(...)` output (its
-    attrs['timeline']) or that timeline frame itself."""
+    attrs['timeline']) or that timeline frame itself. More than two policies (and no `ax`)
+    get one small panel each, with shared axes."""
     tl = replay.attrs.get("timeline") if "request" not in replay.columns else replay
     if tl is None or not len(tl):
         raise ValueError("no timeline: pass lab.replay(...) output (with timeline_points > 0)")
@@ -121,31 +156,67 @@ def eviction_timeline(replay: pd.DataFrame, *, size_bytes: int | None = None,
         raise ValueError(f"the replay has no cache size {size_bytes}")
     from workbench.units import format_bytes
 
+    names = list(policies or dict.fromkeys(tl["policy"].astype(str)))
+    title = f"evictions and hits over the trace ({format_bytes(size)} cache)"
+    if ax is None and len(names) > 2:
+        return _timeline_panels(tl, names, title)
     fig, ax = _axes(ax)
-    names = policies or [p for p in dict.fromkeys(tl["policy"].astype(str))]
     for name in names:
-        part = tl[tl["policy"].astype(str) == name]
-        line, = ax.plot(part["request"], part["evictions"], label=f"{name} evictions")
-        ax.plot(part["request"], part["hits"], linestyle="--", color=line.get_color(), alpha=0.7,
-                label=f"{name} hits")
+        _timeline_lines(ax, tl[tl["policy"].astype(str) == name], name)
     ax.set_xlabel("request")
     ax.set_ylabel("cumulative count")
-    ax.set_title(f"evictions and hits over the trace ({format_bytes(size)} cache)")
+    ax.set_title(title)
     ax.legend(fontsize="small", ncol=2)
     return fig
 
 
+def _timeline_lines(ax: Any, part: pd.DataFrame, name: str, colour: str | None = None) -> None:
+    line, = ax.plot(part["request"], part["evictions"], color=colour, label=f"{name} evictions")
+    ax.plot(part["request"], part["hits"], linestyle="--", color=line.get_color(), alpha=0.7, label=f"{name} hits")
+
+
+def _timeline_panels(tl: pd.DataFrame, names: list[str], title: str) -> Any:
+    from matplotlib.figure import Figure
+
+    cols = min(3, len(names))
+    rows = -(-len(names) // cols)
+    fig = Figure(figsize=(3.4 * cols, 2.4 * rows + 0.6), layout="constrained")
+    axes = fig.subplots(rows, cols, sharex=True, sharey=True, squeeze=False).ravel()
+    for i, (ax, name) in enumerate(zip(axes, names)):
+        _timeline_lines(ax, tl[tl["policy"].astype(str) == name], name, f"C{i}")
+        ax.set_title(name, fontsize="medium")
+        ax.legend(["evictions", "hits"], fontsize="x-small", loc="upper left")
+    for ax in axes[len(names):]:
+        ax.set_visible(False)
+    for ax in axes[max(0, len(names) - cols):len(names)]:  # the lowest panel of each column
+        ax.xaxis.set_tick_params(labelbottom=True)
+    fig.supxlabel("request")
+    fig.supylabel("cumulative count")
+    fig.suptitle(title)
+    return fig
+
+
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+LINESTYLES = ("-", "--", "-.", ":")
+
+
 def miss_ratio_curves(replay: pd.DataFrame, *, metric: str = "miss_ratio", ax: Any = None) -> Any:
     """`metric` (miss_ratio, hit_ratio, byte_hit_ratio, prefill_saved_fraction, ...)
-    against cache size, one line per policy, log-scale sizes."""
+    against cache size, one line per policy (each its own marker and line style), log-scale
+    sizes; a policy whose curve equals an earlier one's says so in the legend."""
     if metric not in replay.columns:
         raise ValueError(f"no column {metric!r} in the replay output")
     from workbench.units import format_bytes
 
     fig, ax = _axes(ax)
-    for name, part in replay.groupby("policy", observed=True, sort=False):
-        part = part.sort_values("size_bytes")
-        ax.plot(part["size_bytes"], part[metric], marker="o", label=str(name))
+    drawn: dict[str, pd.Series] = {}
+    for i, (name, part) in enumerate(replay.groupby("policy", observed=True, sort=False)):
+        curve = part.sort_values("size_bytes").set_index("size_bytes")[metric].astype(float)
+        same = next((other for other, c in drawn.items() if c.index.equals(curve.index) and c.equals(curve)), None)
+        ax.plot(curve.index, curve.to_numpy(), marker=MARKERS[i % len(MARKERS)],
+                linestyle=LINESTYLES[i % len(LINESTYLES)], markerfacecolor="none" if i % 2 else None,
+                label=str(name) + (f" (identical to {same})" if same else ""))
+        drawn[str(name)] = curve
     sizes = sorted(set(replay["size_bytes"]))
     ax.set_xscale("log")
     ax.set_xticks(sizes, [format_bytes(s) for s in sizes], rotation=30, fontsize="small")
