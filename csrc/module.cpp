@@ -40,6 +40,7 @@ PYBIND11_MODULE(_native, m) {
     wb::bind_adapter(m);
     wb::bind_chat(m);
     wb::bind_embed(m);
+    wb::bind_speculative(m);
 }
 
 namespace wb {

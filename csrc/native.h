@@ -160,5 +160,6 @@ void bind_grammar(py::module_ & m);
 void bind_adapter(py::module_ & m);
 void bind_chat(py::module_ & m);
 void bind_embed(py::module_ & m);
+void bind_speculative(py::module_ & m);
 
 }  // namespace wb

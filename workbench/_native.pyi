@@ -86,6 +86,27 @@ class Sampler:
     def reset(self) -> None: ...
     def close(self) -> None: ...
 
+class Speculative:
+    """llama.cpp's common_speculative (common/speculative.h) for one drafter over n_seq sequences.
+
+    params: ``type`` (one of :func:`speculative_types`, llama.cpp's names), ``n_max``,
+    ``n_min``, ``p_min`` (draft-simple), ``size_n``, ``size_m``, ``min_hits`` (n-gram
+    lookup and draft lengths). draft-simple needs the target and draft contexts and runs
+    llama.cpp's vocabulary check (ValueError when the vocabularies differ).
+    """
+    type: str
+    n_max: int
+    n_seq: int
+    def __init__(self, model: Model, params: dict[str, Any], n_seq: int = 1, target: Context | None = None,
+                 draft: Context | None = None) -> None: ...
+    def begin(self, seq: int, prompt: list[int]) -> None: ...
+    def draft(self, seq: int, history: list[int], id_last: int, pos0: int, n_max: int) -> list[int]:
+        """Up to n_max tokens to follow history (the sequence's KV) + id_last (at pos0)."""
+    def accept(self, seq: int, n_accepted: int) -> None: ...
+    def close(self) -> None: ...
+
+def speculative_types() -> list[str]: ...
+
 def json_schema_to_grammar(schema_json: str) -> str:
     """GBNF for a JSON schema (JSON text), by llama.cpp common's converter."""
 
