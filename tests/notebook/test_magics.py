@@ -107,7 +107,8 @@ def test_generate_prints_text_and_stores_the_result(shell: Any, model: str,
     res = shell.user_ns["nbtest_r"]
     out = capsys.readouterr().out
     assert res.reply and res.reply in out
-    assert f"[{res.cache_hit_kind}] ttft" in out and res.finish_reason in out.splitlines()[-1]
+    assert f"[{res.cache_hit_kind}] ttft" in out
+    assert out.splitlines()[-1].endswith("· max tokens reached" if res.finish_reason == "length" else "· end of turn")
     assert res.stats.prompt_tokens > 8 and res.model == model
     # same greedy prompt as complete() gives the same reply
     direct = wb.complete(model, "The capital of France is Paris? Answer:", response_tokens=12)
@@ -151,11 +152,11 @@ def test_interrupt_cancels_the_request(shell: Any, monkeypatch: pytest.MonkeyPat
                                        capsys: pytest.CaptureFixture[str]) -> None:
     """A KeyboardInterrupt while the stream is consumed (the kernel's Interrupt after two
     tokens): the request is cancelled, the output says so, the partial Result is stored."""
-    real_next = Stream.__next__
+    real_poll = Stream.poll
     seen = {"tokens": 0, "raised": False}
 
-    def interrupted_next(self: Stream) -> Any:
-        ev = real_next(self)
+    def interrupted_poll(self: Stream, timeout: float | None = 0.0) -> Any:
+        ev = real_poll(self, timeout)
         if isinstance(ev, Token):
             seen["tokens"] += 1
             if seen["tokens"] == 2 and not seen["raised"]:
@@ -163,7 +164,7 @@ def test_interrupt_cancels_the_request(shell: Any, monkeypatch: pytest.MonkeyPat
                 raise KeyboardInterrupt
         return ev
 
-    monkeypatch.setattr(Stream, "__next__", interrupted_next)
+    monkeypatch.setattr(Stream, "poll", interrupted_poll)
     cancelled_before = wb.counters()["finished_cancelled"]
     r = shell.run_cell("%%generate --max-tokens 300 --ignore-eos --as nbtest_i\nCount from one to one thousand:")
     assert isinstance(r.error_in_exec, KeyboardInterrupt)
@@ -171,8 +172,12 @@ def test_interrupt_cancels_the_request(shell: Any, monkeypatch: pytest.MonkeyPat
     assert res.finish_reason == "cancelled" and res.cancelled
     assert 2 <= res.stats.generated_tokens < 300
     assert wb.counters()["finished_cancelled"] == cancelled_before + 1
-    out = capsys.readouterr().out
-    assert "[cancelled" in out and "· cancelled" in out
+    captured = capsys.readouterr()
+    assert "[cancelled" in captured.out and "· cancelled" in captured.out
+    shown = (captured.out + captured.err).strip().splitlines()
+    assert shown[-1] == (f"GenerationInterrupted: generation cancelled after {res.stats.generated_tokens} "
+                         "tokens; the partial result is in `nbtest_i`")  # one line, no traceback
+    assert "Traceback" not in captured.out + captured.err
     assert wb.requests() == [] or all(q["ref"] != res.ref for q in wb.requests())
 
 
@@ -249,6 +254,19 @@ def test_chat_magic(shell: Any) -> None:
     assert "tool_choice" in err and "no tool-call format" in err
     assert "--tools nope" in usage_error(shell.run_cell("%%chat --tools nope\nhi"))
     assert len(conv) == 4                              # a failed turn leaves the history alone
+
+
+@pytest.mark.model
+def test_chat_thinking_on_a_template_without_it_says_so_once(shell: Any,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    model = magics_of(shell).current_model
+    magics_of(shell).thinking_warned.discard(model)
+    capsys.readouterr()
+    assert shell.run_cell("%%chat --thinking --max-tokens 4 --new\nHi").success
+    first = capsys.readouterr().out
+    assert f"note: {model}'s chat template has no thinking block" in first
+    assert shell.run_cell("%%chat --thinking --max-tokens 4 --new\nHi again").success
+    assert "thinking block" not in capsys.readouterr().out  # once per model
 
 
 @pytest.mark.heavy

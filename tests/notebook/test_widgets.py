@@ -3,6 +3,7 @@ Result's reprs. One real-model test: the Cancel button cancels the running reque
 
 from __future__ import annotations
 
+import html
 import io
 
 import pytest
@@ -11,7 +12,7 @@ import workbench as wb
 from workbench.cache import HitKind
 from workbench.engine.events import CompletionResult, Done, Error, Stats, Thinking, ThinkingEnd, Token, TokenId
 from workbench.notebook import transcript, widgets
-from workbench.notebook.results import HIT_COLOURS, Result
+from workbench.notebook.results import HIT_COLOURS, STATE_COLOURS, Result, reply_html
 from workbench.notebook.widgets import GenerationWidget, TextView
 
 
@@ -36,17 +37,71 @@ def test_widget_streams_then_shows_hit_kind_and_stats() -> None:
     w = GenerationWidget("m", throttle_s=0.0)
     assert w.box.box_style == "info" and "running" in w.state.value
     feed(w, [TokenId(1), Token("Hello")])
-    assert "Hello" in w.reply.value and "running · 1 token<" in w.stats.value
+    assert "Hello" in w.reply.value and "running · 1 token · " in w.stats.value
     feed(w, [TokenId(2), Token(" world")])
-    assert "Hello world" in w.reply.value and "running · 2 tokens" in w.stats.value
+    assert "Hello world" in w.reply.value and "running · 2 tokens · " in w.stats.value
     feed(w, [done()])
     assert "Hello world" in w.reply.value
     assert "partial" in w.badge.value and HIT_COLOURS["partial"] in w.badge.value
     assert "ttft 42 ms" in w.stats.value and "100.0 tok/s" in w.stats.value
-    assert "cache: 32 tokens read, 1 stored" in w.stats.value and "stop" in w.stats.value
+    assert "cache: 32 tokens read, 1 stored · end of turn" in w.stats.value
     assert w.box.box_style == "success" and "done" in w.state.value
-    assert w.cancel_button.disabled
+    assert w.box.layout.border_left == f"4px solid {STATE_COLOURS['done']}"  # what JupyterLab 4 shows
+    assert w.cancel_button.disabled and w.cancel_button.layout.display == "none"
     assert w.thinking_box.layout.display == "none"  # no thinking events: the block stays hidden
+
+
+def running_info(**kw: object) -> dict[str, object]:
+    info: dict[str, object] = {"phase": "prefilling", "cache_hit_kind": "partial", "prompt_tokens": 400,
+                               "reused_tokens": 100, "prefilled_tokens": 50, "response_tokens": 64}
+    info.update(kw)
+    return info
+
+
+def test_live_facts_show_before_the_end() -> None:
+    w = GenerationWidget("m", throttle_s=0.0)
+    assert "…" in w.badge.value
+    w.transcript.started_at -= 2.0  # a prefill that has run two seconds
+    w.observe(running_info())
+    assert "partial" in w.badge.value and HIT_COLOURS["partial"] in w.badge.value  # known at admission
+    assert w.progress.layout.display is None and (w.progress.value, w.progress.max) == (150, 400)
+    assert "150 of 400 prompt tokens (100 restored from cache, 50 computed)" in w.progress_label.value
+    assert "prefill 150 of 400 prompt tokens" in w.stats.value and "2.0 s" in w.stats.value
+    w.observe(running_info(phase="generating", prefilled_tokens=300))
+    assert w.progress.layout.display == "none"
+    feed(w, [TokenId(1), Token("a"), TokenId(2), Token("b"), TokenId(3), Token("c")])
+    w.observe(running_info(phase="generating", prefilled_tokens=300))
+    assert "running · 3 of 64 tokens · " in w.stats.value and "tok/s" in w.stats.value
+    feed(w, [done("abc", reason="length")])
+    assert "max tokens reached" in w.stats.value
+    w.observe(running_info(phase="generating", cache_hit_kind="cold"))  # late snapshots change nothing
+    assert "partial" in w.badge.value and "max tokens reached" in w.stats.value
+
+
+def test_a_short_prefill_shows_no_bar() -> None:
+    w = GenerationWidget("m")
+    w.observe(running_info())  # just started: under PROGRESS_DELAY_S
+    assert w.progress.layout.display == "none"
+
+
+@pytest.mark.parametrize(("reason", "stop", "words"), [
+    ("stop", None, "end of turn"), ("stop", ",", "stopped at stop sequence ','"),
+    ("length", None, "max tokens reached"), ("cancelled", None, "cancelled")])
+def test_why_it_ended_is_said_in_words(reason: str, stop: str | None, words: str) -> None:
+    d = Done("x", (1,), (1,), reason, stop, stats())  # type: ignore[arg-type]
+    w = GenerationWidget()
+    feed(w, [d])
+    assert w.stats.value.endswith(f"· {html.escape(words)}</span>")
+    assert Result.of(CompletionResult.from_done(d, "m", 1)).summary().endswith(f"· {words}")
+
+
+def test_the_last_tokens_show_despite_the_throttle() -> None:
+    w = GenerationWidget("m", throttle_s=60.0)
+    feed(w, [TokenId(1), Token("first")])  # the first flush
+    feed(w, [TokenId(2), Token(" second"), TokenId(3), Token(" third")])
+    assert "second" not in w.reply.value  # held back by the throttle
+    feed(w, [done("first second third")])
+    assert "first second third" in w.reply.value and w.as_text().startswith("first second third\n")
 
 
 def test_each_hit_kind_has_its_own_colour() -> None:
@@ -79,10 +134,40 @@ def test_errors_are_marked_like_a_danger_bar() -> None:
 def test_cancelled_state_and_the_cancel_button_callback() -> None:
     calls = []
     w = GenerationWidget(on_cancel=lambda: calls.append(1))
+    assert not w.cancel_button.disabled
     w.cancel_button.click()
-    assert calls == [1] and w.cancel_button.disabled
+    assert calls == [1] and w.cancel_button.disabled and w.cancel_button.description == "Cancelling"
     feed(w, [Token("abc"), done("abc", reason="cancelled", kind="cold")])
     assert w.box.box_style == "warning" and "cancelled" in w.state.value
+    assert w.cancel_button.layout.display == "none"  # gone, not a stuck "Cancelling"
+    w.cancel_button.click()  # a click that arrives after the end
+    assert calls == [1]
+
+
+def test_a_cancel_that_cannot_act_is_shown_disabled_with_the_hint() -> None:
+    calls = []
+    w = GenerationWidget(on_cancel=lambda: calls.append(1), live_cancel=False)
+    assert w.cancel_button.disabled and "Interrupt" in w.cancel_button.tooltip
+    assert "--background" in w.cancel_button.tooltip and "Interrupt" in w.hint.value
+    w.cancel_button.click()
+    assert calls == []
+    feed(w, [done()])
+    assert w.hint.value == "" and w.cancel_button.layout.display == "none"
+
+
+def test_text_view_prints_a_long_prefill_on_one_line() -> None:
+    out = io.StringIO()
+    v = TextView("m", out=out, progress_delay_s=0.0)
+    v.observe(running_info(prefilled_tokens=50))
+    v.observe(running_info(prefilled_tokens=250))
+    feed(v, [TokenId(1), Token("Hi"), done("Hi")])
+    lines = out.getvalue().split("\n")
+    assert lines[0] == ("\r[prefill] 150 of 400 prompt tokens (100 restored from cache, 50 computed)"
+                        "\r[prefill] 350 of 400 prompt tokens (100 restored from cache, 250 computed)")
+    assert lines[1] == "Hi"
+    quiet = io.StringIO()
+    TextView("m", out=quiet).observe(running_info())  # a prefill under a second prints nothing
+    assert quiet.getvalue() == ""
 
 
 def test_text_view_says_the_same_things() -> None:
@@ -92,7 +177,7 @@ def test_text_view_says_the_same_things() -> None:
     text = out.getvalue()
     assert text.startswith("[thinking] hmm\n[/thinking]\nHello world\n")
     assert "[partial] ttft 42 ms · 100.0 tok/s · 40 prompt (8 prefilled) + 3 generated · cache: 32 tokens " \
-           "read, 1 stored · stop" in text
+           "read, 1 stored · end of turn" in text
     out2 = io.StringIO()
     v2 = TextView(out=out2)
     feed(v2, [Token("x"), Error(ValueError("boom"))])
@@ -146,7 +231,7 @@ def test_display_bundle_carries_the_text_too() -> None:
     w = GenerationWidget("m", throttle_s=0.0)
     feed(w, [Thinking("hmm"), ThinkingEnd(""), Token("Hi"), done("Hi", kind="sticky")])
     assert w.as_text() == ("[thinking] hmm\nHi\n[sticky] ttft 42 ms · 100.0 tok/s · 40 prompt (8 prefilled) + "
-                           "3 generated · cache: 32 tokens read, 1 stored · stop")
+                           "3 generated · cache: 32 tokens read, 1 stored · end of turn")
     bundle = widgets._Shown(w)._repr_mimebundle_()
     assert bundle["text/plain"] == w.as_text()
     assert bundle["application/vnd.jupyter.widget-view+json"]["model_id"] == w.box.model_id
@@ -170,3 +255,25 @@ def test_thinking_opens_while_it_streams() -> None:
     assert w.thinking_box.selected_index == 0
     feed(w, [ThinkingEnd("")])
     assert w.thinking_box.selected_index is None
+
+
+@pytest.mark.model
+def test_widget_reply_equals_the_result_and_the_badge_comes_early(model: str) -> None:
+    """With a throttle that holds back most flushes, the final reply shown is the Result's;
+    the hit kind is on the badge before the generation ends (from request_info)."""
+    s = wb.stream(model, "Write a long story about a lighthouse keeper:", response_tokens=120,
+                  ignore_eos=True, cache=False)
+    w = GenerationWidget(model, throttle_s=0.5)
+    badge_before_done: list[str] = []
+    real_feed = w.feed
+
+    def feed_and_watch(ev: object) -> None:
+        if isinstance(ev, Done):
+            badge_before_done.append(w.badge.value)
+        real_feed(ev)
+
+    w.feed = feed_and_watch  # type: ignore[method-assign]
+    result = transcript.consume(s, w, tick_s=0.05)
+    assert result.reply and w.reply.value == reply_html(result.reply)
+    assert w.as_text().startswith(result.reply + "\n")
+    assert badge_before_done and "wb-hit-cold" in badge_before_done[0]

@@ -26,6 +26,11 @@ class EventEnds:
     done: Done | None
     _ended: bool
 
+    @property
+    def ended(self) -> bool:
+        """True once the last event (Done or Error) was handed out, or the stream was closed."""
+        return self._ended
+
     def _seen(self, ev: Event) -> Event:
         if isinstance(ev, Done):
             self.done = ev

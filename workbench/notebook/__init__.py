@@ -20,7 +20,7 @@ from typing import Any
 __all__ = ["Result", "lab", "load_ipython_extension", "magics", "plot_miss_ratio_curves", "plots", "replay",
            "traces", "unload_ipython_extension", "views", "widgets"]
 
-_MODULES = {"commands", "magics", "plots", "results", "views", "widgets"}
+_MODULES = {"async_cells", "commands", "magics", "plots", "results", "views", "widgets"}
 _ELSEWHERE = {"lab": "workbench.lab", "traces": "workbench.lab.traces"}
 _NAMES = {"Result": "workbench.notebook.results", "replay": "workbench.lab",
           "plot_miss_ratio_curves": "workbench.lab"}
@@ -38,15 +38,19 @@ def __getattr__(name: str) -> Any:
 
 def load_ipython_extension(ipython: Any) -> None:
     """`%load_ext workbench.notebook`: register %wb, %%generate and %%chat."""
+    from workbench.notebook import async_cells
     from workbench.notebook.magics import WorkbenchMagics
 
     ipython.register_magics(WorkbenchMagics(ipython))
+    async_cells.install(ipython)  # in a kernel that can: foreground cells await, Cancel acts
 
 
 def unload_ipython_extension(ipython: Any) -> None:
     """Remove the magics again (`%unload_ext`)."""
+    from workbench.notebook import async_cells
     from workbench.notebook.magics import WorkbenchMagics
 
+    async_cells.uninstall(ipython)
     registry = ipython.magics_manager.registry
     magics = ipython.magics_manager.magics
     for kind, names in (("line", WorkbenchMagics.line_names), ("cell", WorkbenchMagics.cell_names)):

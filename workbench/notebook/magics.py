@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import re
 import string
+from dataclasses import dataclass, field
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -94,6 +95,18 @@ _generation_args = [
 ]
 
 
+@dataclass
+class _Job:
+    """One %%generate / %%chat cell, parsed: how to start it streaming or whole."""
+
+    args: Any
+    model: str
+    start: Callable[[dict[str, Any]], Any]
+    complete: Callable[[dict[str, Any]], Any]
+    on_result: Callable[[Result], None] | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+
+
 @magics_class
 class WorkbenchMagics(Magics):
     """%wb, %%generate and %%chat (see the module doc)."""
@@ -106,6 +119,7 @@ class WorkbenchMagics(Magics):
         self.current_model: str | None = None
         self.history: list[Result] = []
         self.chats: dict[str, list[dict[str, str]]] = {}
+        self.thinking_warned: set[str] = set()  # models told that --thinking shows nothing
 
     @property
     def user_ns(self) -> dict[str, Any]:
@@ -201,6 +215,12 @@ class WorkbenchMagics(Magics):
             opts["json_schema"] = value
         return opts
 
+    def _job(self, args: Any, model: str, start: Callable[[dict[str, Any]], Any],
+             complete: Callable[[dict[str, Any]], Any], on_result: Callable[[Result], None] | None = None) -> _Job:
+        if not args.var.isidentifier():
+            raise UsageError(f"--as {args.var!r} is not a valid variable name")
+        return _Job(args, model, start, complete, on_result, self._request_options(args))
+
     def _store(self, var: str, result: Result | None) -> None:
         self.user_ns[var] = result
         if result is not None:
@@ -214,53 +234,94 @@ class WorkbenchMagics(Magics):
         """Generate from the cell (the prompt; {name} is filled from the notebook's
         variables) and show it live; the Result is stored in --as (default _wb)."""
         __tracebackhide__ = True  # an Interrupt shows one line, not the magic's frames
+        self._run(self._generate_job(line, cell))
+
+    def _generate_job(self, line: str, cell: str) -> _Job:
         args = parse_argstring(self.generate, line)
         model = self.model_of(args.model)
         prompt = interpolate(cell.rstrip("\n"), self.user_ns)
         if not prompt.strip():
             raise UsageError("the cell is empty: write the prompt below the %%generate line")
-        self._run(args, lambda opts: wb.stream(model, prompt, **opts),
-                  lambda opts: wb.complete(model, prompt, **opts), model)
+        return self._job(args, model, lambda opts: wb.stream(model, prompt, **opts),
+                         lambda opts: wb.complete(model, prompt, **opts))
 
-    def _run(self, args: Any, start: Callable[[dict[str, Any]], Any], complete: Callable[[dict[str, Any]], Any],
-             model: str, on_result: Callable[[Result], None] | None = None) -> None:
+    async def run_cell_async(self, name: str, line: str, cell: str) -> None:
+        """What a `%%generate` / `%%chat` cell runs in a kernel that handles widget messages
+        while a cell awaits (async_cells.install rewrites the cell to await this): the
+        stream is consumed with awaits in between, so a click on Cancel acts at once."""
         __tracebackhide__ = True
-        var = args.var
-        if not var.isidentifier():
-            raise UsageError(f"--as {var!r} is not a valid variable name")
-        opts = self._request_options(args)
+        job = (self._generate_job if name == "generate" else self._chat_job)(line, cell)
+        if job.args.no_stream or job.args.background:
+            self._run(job)
+            return
+        stream, view, finished = self._start(job, live_cancel=True)
+        try:
+            result = await transcript.consume_async(stream, view)
+        except transcript.GenerationInterrupted as e:
+            finished(e.result)
+            raise transcript.GenerationInterrupted(e.result, job.args.var) from None
+        finished(result)
+
+    def _start(self, job: _Job, *, live_cancel: bool) -> tuple[Any, Any, Callable[[Result], None]]:
+        """Start the stream and its view; return them and the callback that stores the Result."""
+        var = job.args.var
+        with usage_errors():
+            stream = job.start(job.options)
+        self._warn_thinking(job, stream)
+        view = widgets.make_view(job.model, live_cancel=live_cancel)
 
         def finished(result: Result) -> None:
             self._store(var, result)
-            if on_result is not None:
-                on_result(result)
+            if job.on_result is not None:
+                job.on_result(result)
 
+        return stream, view, finished
+
+    def _run(self, job: _Job) -> None:
+        __tracebackhide__ = True
+        args = job.args
         if args.no_stream:
-            with usage_errors():
-                try:
-                    raw = complete(opts)
-                except KeyboardInterrupt:
-                    print("[cancelled] interrupted before the reply was complete")
-                    raise
-            result = Result.of(raw)
-            finished(result)
-            from IPython.display import display
-
-            display(result)
+            self._run_whole(job)
             return
-        with usage_errors():
-            stream = start(opts)
-        view = widgets.make_view(model)
+        # a blocking cell: a click cannot reach the kernel before it ends, unless in the background
+        stream, view, finished = self._start(job, live_cancel=args.background)
         if args.background:
-            self.user_ns[var] = None
+            self.user_ns[args.var] = None
             transcript.consume_in_background(stream, view, finished)
             return
         try:
             result = transcript.consume(stream, view)
         except transcript.GenerationInterrupted as e:
             finished(e.result)
-            raise
+            raise transcript.GenerationInterrupted(e.result, args.var) from None
         finished(result)
+
+    def _run_whole(self, job: _Job) -> None:
+        """--no-stream: wait for the whole reply, then display the Result."""
+        with usage_errors():
+            try:
+                raw = job.complete(job.options)
+            except KeyboardInterrupt:
+                print("[cancelled] interrupted before the reply was complete")
+                raise
+        result = Result.of(raw)
+        self._store(job.args.var, result)
+        if job.on_result is not None:
+            job.on_result(result)
+        from IPython.display import display
+
+        display(result)
+
+    def _warn_thinking(self, job: _Job, stream: Any) -> None:
+        """--thinking on a template that has no thinking block: say so, once per model."""
+        if not getattr(job.args, "thinking", False) and getattr(job.args, "thinking_budget", None) is None:
+            return
+        plan = getattr(stream, "plan", None)
+        if plan is None or plan.markers is not None or job.model in self.thinking_warned:
+            return
+        self.thinking_warned.add(job.model)
+        print(f"note: {job.model}'s chat template has no thinking block, so --thinking shows none "
+              "(load the model with thinking_markers={'start': ..., 'end': ...} to split one out)")
 
     # -- %%chat --------------------------------------------------------------------------------
     @cell_magic
@@ -278,6 +339,9 @@ class WorkbenchMagics(Magics):
         workbench.chat with this conversation's history (per model and --session); the
         assistant's Result is stored in --as and its parsed message joins the history."""
         __tracebackhide__ = True
+        self._run(self._chat_job(line, cell))
+
+    def _chat_job(self, line: str, cell: str) -> _Job:
         args = parse_argstring(self.chat, line)
         model = self.model_of(args.model)
         text = interpolate(cell.rstrip("\n"), self.user_ns)
@@ -300,8 +364,8 @@ class WorkbenchMagics(Magics):
                 reply = dict(parsed) if parsed else {"role": "assistant", "content": result.reply}
                 history.extend([turn, reply])
 
-        self._run(args, lambda opts: wb.chat_stream(model, messages, **{**opts, **chat_opts}),
-                  lambda opts: wb.chat(model, messages, **{**opts, **chat_opts}), model, remember)
+        return self._job(args, model, lambda opts: wb.chat_stream(model, messages, **{**opts, **chat_opts}),
+                         lambda opts: wb.chat(model, messages, **{**opts, **chat_opts}), remember)
 
     def _chat_options(self, args: Any) -> dict[str, Any]:
         opts: dict[str, Any] = {}

@@ -16,9 +16,18 @@ STATE_COLOURS = {"running": "#0d6efd", "done": "#198754", "cancelled": "#fd7e14"
 UNKNOWN_COLOUR = "#adb5bd"
 
 
-def stats_line(stats: Stats | None, finish_reason: str | None = None) -> str:
+def finish_words(finish_reason: str | None, stop_sequence: str | None = None) -> str:
+    """Why a generation ended, in words: 'end of turn' (the model's end-of-generation
+    token), "stopped at stop sequence ','", 'max tokens reached', 'cancelled', 'error'."""
+    if finish_reason == "stop":
+        return f"stopped at stop sequence {stop_sequence!r}" if stop_sequence else "end of turn"
+    return {"length": "max tokens reached"}.get(finish_reason or "", finish_reason or "")
+
+
+def stats_line(stats: Stats | None, finish_reason: str | None = None, stop_sequence: str | None = None) -> str:
     """'ttft 41 ms · 88.2 tok/s · 12 prompt (3 prefilled) + 32 generated · cache: 9 tokens
-    read, 34 stored · stop' (parts without data are left out; cache counts are tokens)."""
+    read, 34 stored · end of turn' (parts without data are left out; cache counts are
+    tokens; the reason the generation ended in words, see finish_words)."""
     parts: list[str] = []
     if stats is not None:
         if stats.ttft_s is not None:
@@ -30,7 +39,7 @@ def stats_line(stats: Stats | None, finish_reason: str | None = None) -> str:
         delta = stats.cache_delta or {}
         parts.append(f"cache: {delta.get('read', 0)} tokens read, {delta.get('created', 0)} stored")
     if finish_reason:
-        parts.append(finish_reason)
+        parts.append(finish_words(finish_reason, stop_sequence))
     return " · ".join(parts)
 
 
@@ -40,6 +49,11 @@ def badge_html(kind: str | None) -> str:
     colour = HIT_COLOURS.get(label, UNKNOWN_COLOUR)
     return (f'<span class="wb-badge wb-hit-{html.escape(label)}" style="background:{colour};color:white;'
             f'border-radius:0.8em;padding:0 0.6em;font-size:85%;font-family:sans-serif">{html.escape(label)}</span>')
+
+
+def muted_html(text: str) -> str:
+    """Secondary text (stats, hints, progress) in the views' grey."""
+    return f'<span style="color:#6c757d;font-size:85%">{html.escape(text)}</span>'
 
 
 def reply_html(text: str, *, error: bool = False) -> str:
@@ -112,7 +126,7 @@ class Result:
         """The stats line, or the error."""
         if self.error is not None:
             return f"error: {type(self.error).__name__}: {self.error}"
-        return stats_line(self.stats, self.finish_reason)
+        return stats_line(self.stats, self.finish_reason, None if self.raw is None else self.raw.stop_sequence)
 
     def __repr__(self) -> str:
         preview = self.reply if len(self.reply) <= 60 else self.reply[:57] + "..."

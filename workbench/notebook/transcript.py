@@ -1,32 +1,60 @@
-"""One generation as the notebook follows it: `Transcript` (what the request's events said
-so far, rendered by both views in widgets.py) and `consume`, which drives a Stream into a
-view. A KeyboardInterrupt (the kernel's Interrupt) cancels the request, waits for its end,
-shows "cancelled" and re-raises as `GenerationInterrupted` carrying the partial Result.
+"""One generation as the notebook follows it: `Transcript` (what the request's events and
+its live facts said so far, rendered by both views in widgets.py) and the loops that drive
+a Stream into a view: `consume` (blocking), `consume_async` (a foreground cell that awaits,
+so the kernel handles the widget's Cancel click meanwhile) and `consume_in_background`.
+
+Between events the loops ask `workbench.request_info` every `TICK_S` for what the engine
+knows already: the cache hit kind from admission on, prefill progress (restored vs
+computed tokens), tokens generated of the most asked for.
+
+The kernel's Interrupt (a KeyboardInterrupt, or the cancelled task of an awaiting cell)
+cancels the request, waits for its end, shows "cancelled" and raises
+`GenerationInterrupted`, which IPython shows as one line and which carries the partial
+Result.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
+import workbench as wb
 from workbench.chat import ChatDone, ChatResult
 from workbench.engine.events import CompletionResult, Done, Error, Thinking, ThinkingEnd, Token, TokenId
+from workbench.errors import UnknownRequest
 from workbench.notebook.results import Result, stats_line
+
+TICK_S = 0.25   # how often a running view asks the engine for the request's live facts
+POLL_S = 0.02   # how long an awaiting cell sleeps when no event is waiting
 
 
 class GenerationInterrupted(KeyboardInterrupt):
-    """The kernel's Interrupt arrived while a generation streamed; it was cancelled."""
+    """The kernel's Interrupt arrived while a generation streamed; it was cancelled.
+    `result` is the partial Result; `var` the variable it was stored in (the magics)."""
 
-    def __init__(self, result: Result) -> None:
-        super().__init__("generation cancelled by KeyboardInterrupt")
+    def __init__(self, result: Result, var: str | None = None) -> None:
         self.result = result
+        self.var = var
+        super().__init__(self.message())
+
+    def message(self) -> str:
+        s = self.result.stats
+        after = "" if s is None else f" after {s.generated_tokens} token{'' if s.generated_tokens == 1 else 's'}"
+        where = f"; the partial result is in `{self.var}`" if self.var else ""
+        return f"generation cancelled{after}{where}"
+
+    def _render_traceback_(self) -> list[str]:
+        """IPython shows this instead of a traceback: the Interrupt is no crash."""
+        return [f"GenerationInterrupted: {self.message()}"]
 
 
 # --- the state both views render ----------------------------------------------------------
 
 class Transcript:
-    """What the events of one request said so far."""
+    """What the events of one request, and its live facts (`observe`), said so far."""
 
     def __init__(self, model: str = "") -> None:
         self.model = model
@@ -39,6 +67,10 @@ class Transcript:
         self.hit_kind: str | None = None
         self.done: Done | None = None
         self.error: BaseException | None = None
+        self.started_at = time.monotonic()
+        self.first_token_at: float | None = None
+        self.last_token_at: float | None = None
+        self.info: dict[str, Any] = {}  # the newest request_info while it runs
 
     def apply(self, ev: Any) -> str | None:
         """Take one event; return what it was ('token', 'thinking', 'done', 'error') or None."""
@@ -46,6 +78,9 @@ class Transcript:
             self.text += ev.text
             return "token"
         if isinstance(ev, TokenId):
+            self.last_token_at = time.monotonic()
+            if self.first_token_at is None:
+                self.first_token_at = self.last_token_at
             self.n_tokens += 1
             return None
         if isinstance(ev, Thinking):
@@ -62,6 +97,14 @@ class Transcript:
             self.state = "error"
             return "error"
         return None
+
+    def observe(self, info: dict[str, Any]) -> None:
+        """Take a request_info snapshot: the hit kind once admission knows it, progress."""
+        if self.state != "running":
+            return
+        self.info = info
+        if info.get("cache_hit_kind") is not None:
+            self.hit_kind = info["cache_hit_kind"]
 
     def _finish(self, ev: Done) -> None:
         self.done = ev
@@ -93,49 +136,147 @@ class Transcript:
             raw = CompletionResult.from_done(self.done, self.model, ref)
         return Result(self.text, raw, self.thinking, None, self.model, ref)
 
+    # -- what the views say ------------------------------------------------------------------
     def tag(self) -> str:
         """'partial', or 'cancelled; cold' / 'error' when it did not finish normally."""
         if self.state in ("cancelled", "error"):
             return self.state if self.hit_kind is None else f"{self.state}; {self.hit_kind}"
         return self.hit_kind or "-"
 
+    def prefill(self) -> tuple[int, int, int] | None:
+        """(restored, computed, prompt tokens) while the prompt is being prefilled, else None."""
+        info = self.info
+        if self.state != "running" or info.get("phase") != "prefilling" or info.get("reused_tokens") is None:
+            return None
+        return int(info["reused_tokens"]), int(info["prefilled_tokens"]), int(info["prompt_tokens"])
+
+    def elapsed_s(self) -> float:
+        return time.monotonic() - self.started_at
+
+    def live_tps(self) -> float | None:
+        """Tokens per second since the first token (None before the second)."""
+        if self.first_token_at is None or self.last_token_at is None or self.n_tokens < 2:
+            return None
+        span = self.last_token_at - self.first_token_at
+        return (self.n_tokens - 1) / span if span > 0 else None
+
+    def live_line(self) -> str:
+        """'queued · 0.3 s', 'prefill 2,048 of 8,192 prompt tokens (1,024 restored, 1,024
+        computed) · 4.1 s', or '12 of 64 tokens · 1.4 s · 45.2 tok/s'."""
+        elapsed = f"{self.elapsed_s():.1f} s"
+        if self.info.get("phase") == "queued":
+            return f"queued · {elapsed}"
+        pre = self.prefill()
+        if pre is not None:
+            restored, computed, total = pre
+            return (f"prefill {restored + computed:,} of {total:,} prompt tokens ({restored:,} restored, "
+                    f"{computed:,} computed) · {elapsed}")
+        most = self.info.get("response_tokens")
+        n = f"{self.n_tokens} of {most}" if most is not None else f"{self.n_tokens}"
+        line = f"{n} token{'' if self.n_tokens == 1 and most is None else 's'} · {elapsed}"
+        tps = self.live_tps()
+        return line if tps is None else f"{line} · {tps:.1f} tok/s"
+
     def status_line(self) -> str:
         if self.error is not None:
             return f"error: {type(self.error).__name__}: {self.error}"
         if self.done is not None:
-            return stats_line(self.done.stats, self.done.finish_reason)
-        return f"{self.state} · {self.n_tokens} token{'' if self.n_tokens == 1 else 's'}"
+            return stats_line(self.done.stats, self.done.finish_reason, self.done.stop_sequence)
+        return f"{self.state} · {self.live_line()}"
 
 
 # --- driving a stream ------------------------------------------------------------------------
 
-def consume(stream: Any, view: Any, *, drain_timeout_s: float = 10.0) -> Result:
+class _Ticker:
+    """Asks the engine for the request's live facts at most every TICK_S, for the view."""
+
+    def __init__(self, stream: Any, view: Any, tick_s: float) -> None:
+        self.stream, self.view, self.tick_s = stream, view, tick_s
+        self.last = float("-inf")
+
+    def __call__(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self.last < self.tick_s:
+            return
+        self.last = now
+        try:
+            info = wb.request_info(self.stream.ref)
+        except UnknownRequest:  # it has just finished: its Done is on the way
+            return
+        self.view.observe(info)
+
+
+def _begin(stream: Any, view: Any, tick_s: float) -> _Ticker:
+    if hasattr(view, "bind"):
+        view.bind(stream)
+    ticker = _Ticker(stream, view, tick_s)
+    ticker(force=True)
+    return ticker
+
+
+def _end(stream: Any, view: Any) -> Result:
+    if view.transcript.state == "running":  # the stream ended without Done/Error (closed)
+        view.close()
+    return view.transcript.result(stream.ref)
+
+
+def consume(stream: Any, view: Any, *, tick_s: float = TICK_S, drain_timeout_s: float = 10.0) -> Result:
     """Feed every event of `stream` to `view`; return the Result.
 
     KeyboardInterrupt: cancel the request, wait (up to `drain_timeout_s`) for its
     Done('cancelled'), show it, and raise GenerationInterrupted(result).
     """
     __tracebackhide__ = True
-    if hasattr(view, "bind"):
-        view.bind(stream)
+    ticker = _begin(stream, view, tick_s)
     try:
-        for ev in stream:
-            view.feed(ev)
+        while not stream.ended:
+            ev = stream.poll(tick_s)
+            if ev is not None:
+                view.feed(ev)
+            ticker()
     except KeyboardInterrupt:
-        stream.cancel()
-        _drain(stream, view, drain_timeout_s)
-        raise GenerationInterrupted(view.transcript.result(stream.ref)) from None
-    if view.transcript.state == "running":  # the stream ended without Done/Error (closed)
-        view.close()
-    return view.transcript.result(stream.ref)
+        _interrupted(stream, view, drain_timeout_s)
+    return _end(stream, view)
+
+
+async def consume_async(stream: Any, view: Any, *, tick_s: float = TICK_S,
+                        drain_timeout_s: float = 10.0) -> Result:
+    """As `consume`, awaiting between events, so the kernel's event loop runs meanwhile
+    (ipykernel then dispatches the widget's comm messages: the Cancel click). The cell's
+    task cancelled (the kernel's Interrupt in an awaiting cell) acts as KeyboardInterrupt."""
+    __tracebackhide__ = True
+    ticker = _begin(stream, view, tick_s)
+    try:
+        while not stream.ended:
+            ev = stream.poll(0.0)
+            if ev is None:
+                ticker()
+                await asyncio.sleep(POLL_S)
+                continue
+            view.feed(ev)
+            ticker()
+            if view.transcript.n_tokens % 32 == 0:
+                await asyncio.sleep(0)  # a long burst of events still lets a click through
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        _interrupted(stream, view, drain_timeout_s)
+    return _end(stream, view)
+
+
+def _interrupted(stream: Any, view: Any, drain_timeout_s: float) -> None:
+    __tracebackhide__ = True
+    stream.cancel()
+    _drain(stream, view, drain_timeout_s)
+    raise GenerationInterrupted(view.transcript.result(stream.ref)) from None
 
 
 def _drain(stream: Any, view: Any, timeout_s: float) -> None:
     """After a cancel: show the request's last events (its Done('cancelled'))."""
     t = view.transcript
+    deadline = time.monotonic() + timeout_s
     try:
-        if t.state == "running" and stream.wait(timeout_s):
-            for ev in stream:
+        while t.state == "running" and not stream.ended and time.monotonic() < deadline:
+            ev = stream.poll(min(0.1, max(0.0, deadline - time.monotonic())))
+            if ev is not None:
                 view.feed(ev)
     except KeyboardInterrupt:
         pass  # a second Interrupt: stop waiting, the request is already cancelled

@@ -1,13 +1,14 @@
 """Live views of one generation: an ipywidgets panel, or plain text where widgets cannot
 show (terminal IPython, nbval, no ipywidgets). Both are fed the same stream events and
-say the same things: the reply as it streams, a thinking block, the cache hit kind, a
-stats line (ttft, tokens/s, cache tokens read/stored, finish reason), and the final state
-(done, cancelled, error).
+request_info snapshots and say the same things: the reply as it streams, a thinking block,
+the cache hit kind (from admission on), prefill progress, a live line (tokens of the most
+asked for, elapsed time, tok/s), then the stats line (ttft, tokens/s, cache tokens
+read/stored, why it ended in words) and the final state (done, cancelled, error).
 
 The widget follows tqdm.notebook: it is built and displayed once, then only traits change
-(never an Output widget's context manager, which is not safe from other threads), and a
-failure is marked visibly (`box_style='danger'`). What the views render, and the loop that
-feeds them a Stream, are in transcript.py.
+(never an Output widget's context manager, which is not safe from other threads); its
+state is the colour of its left border. What the views render, and the loops that feed
+them a Stream, are in transcript.py.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
-from workbench.notebook.results import badge_html, reply_html, state_html
+from workbench.notebook.results import (STATE_COLOURS, UNKNOWN_COLOUR, badge_html, muted_html, reply_html,
+                                        state_html)
 from workbench.notebook.transcript import Transcript
 
 DISPLAY_ENV = "WORKBENCH_DISPLAY"  # auto | widget | text
@@ -61,12 +63,14 @@ def widgets_available() -> bool:
 
 
 def make_view(model: str = "", *, on_cancel: Callable[[], None] | None = None,
-              out: TextIO | None = None) -> Any:
-    """A GenerationWidget (displayed) where widgets can show, else a TextView."""
+              out: TextIO | None = None, live_cancel: bool = True) -> Any:
+    """A GenerationWidget (displayed) where widgets can show, else a TextView.
+    `live_cancel=False`: a click could not reach the kernel while this runs (a blocking
+    cell), so the widget shows its Cancel button disabled with a hint instead."""
     if widgets_available():
         from IPython.display import display
 
-        w = GenerationWidget(model, on_cancel=on_cancel)
+        w = GenerationWidget(model, on_cancel=on_cancel, live_cancel=live_cancel)
         w.handle = display(_Shown(w), display_id=True)
         return w
     return TextView(model, out=out)
@@ -87,23 +91,32 @@ class _Shown:
 
 # --- the widget ------------------------------------------------------------------------------
 
+CANCEL_HINT = ("a click cannot reach the kernel while this cell runs: use the kernel's Interrupt "
+               "(stop button), or run the cell with --background")
+PROGRESS_DELAY_S = 0.5  # a prefill shorter than this shows no progress bar
+
+
 class GenerationWidget:
-    """One panel per generation: badge, state, Cancel button, thinking (Accordion), reply
-    (HTML), stats line. Display `box` once; `feed` events; it updates its traits only."""
+    """One panel per generation: badge, state, Cancel button, prefill progress, thinking
+    (Accordion), reply (HTML), stats line. Display `box` once; `feed` events and `observe`
+    live facts; it updates its traits only. Its state shows as the colour of the panel's
+    left border (box_style frames do not render in JupyterLab 4 with ipywidgets 8)."""
 
     BOX_STYLES = {"running": "info", "done": "success", "cancelled": "warning", "error": "danger"}
 
     def __init__(self, model: str = "", *, on_cancel: Callable[[], None] | None = None,
-                 throttle_s: float = 0.05) -> None:
+                 throttle_s: float = 0.05, live_cancel: bool = True) -> None:
         import ipywidgets as w
 
         self.transcript = Transcript(model)
         self.on_cancel = on_cancel
         self.throttle_s = throttle_s
+        self.live_cancel = live_cancel
         self.handle: Any = None  # the DisplayHandle when make_view displayed it
         self._last_flush = 0.0
         self._thinking_shown = False
         self._lock = threading.Lock()
+
         def spaced() -> Any:
             return w.Layout(margin="0 0.5em 0 0")
 
@@ -111,17 +124,24 @@ class GenerationWidget:
         self.state = w.HTML(state_html("running"), layout=spaced())
         self.title = w.HTML(f'<span style="color:#6c757d">{html.escape(model)}</span>', layout=spaced())
         self.cancel_button = w.Button(description="Cancel", button_style="warning", icon="stop",
-                                      tooltip="cancel this request (workbench.cancel)",
-                                      layout=w.Layout(width="auto"))
+                                      tooltip="cancel this request (workbench.cancel)" if live_cancel else CANCEL_HINT,
+                                      disabled=not live_cancel, layout=w.Layout(width="auto"))
         self.cancel_button.on_click(self._clicked)
+        self.hint = w.HTML("" if live_cancel else muted_html("Interrupt to stop, or --background for Cancel"))
+        self.progress = w.IntProgress(value=0, min=0, max=1, description="prefill",
+                                      layout=w.Layout(width="16em", display="none"))
+        self.progress_label = w.HTML("")
         self.thinking = w.HTML("")
         self.thinking_box = w.Accordion(children=[self.thinking], layout=w.Layout(display="none"))
         self.thinking_box.set_title(0, "thinking")
         self.reply = w.HTML(reply_html(""))
-        self.stats = w.HTML("")
-        header = w.HBox([self.badge, self.state, self.title, self.cancel_button],
+        self.stats = w.HTML(muted_html(self.transcript.status_line()))
+        header = w.HBox([self.badge, self.state, self.title, self.cancel_button, self.hint],
                         layout=w.Layout(align_items="center"))
-        self.box = w.VBox([header, self.thinking_box, self.reply, self.stats], box_style="info")
+        progress_row = w.HBox([self.progress, self.progress_label], layout=w.Layout(align_items="center"))
+        self.box = w.VBox([header, progress_row, self.thinking_box, self.reply, self.stats], box_style="info",
+                          layout=w.Layout(border_left=f"4px solid {STATE_COLOURS['running']}",
+                                          padding="0.2em 0.6em"))
 
     # -- control -------------------------------------------------------------------------------
     def bind(self, stream: Any) -> None:
@@ -137,6 +157,8 @@ class GenerationWidget:
                             f'#{stream.ref}</span>')
 
     def _clicked(self, _button: Any = None) -> None:
+        if self.transcript.state != "running" or self.cancel_button.disabled:
+            return  # a click after the end, a second click, or on a button that cannot act
         self.cancel_button.disabled = True
         self.cancel_button.description = "Cancelling"
         if self.on_cancel is not None:
@@ -155,6 +177,17 @@ class GenerationWidget:
         elif what in ("done", "error"):
             self.close()
 
+    def observe(self, info: dict[str, Any]) -> None:
+        """A request_info snapshot: show the hit kind, prefill progress, the live line."""
+        t = self.transcript
+        t.observe(info)
+        if t.state != "running":
+            return
+        with self._lock:
+            self.badge.value = badge_html(t.hit_kind)
+            self._render_progress()
+            self.stats.value = muted_html(t.status_line())
+
     def fail(self, exc: BaseException) -> None:
         self.transcript.fail(exc)
         self.close()
@@ -165,13 +198,16 @@ class GenerationWidget:
             t = self.transcript
             self._render_text()
             self._render_thinking()
+            self._render_progress()
             self.badge.value = badge_html(t.hit_kind)
             self.state.value = state_html(t.state)
-            self.stats.value = f'<span style="color:#6c757d;font-size:85%">{html.escape(t.status_line())}</span>'
+            self.stats.value = muted_html(t.status_line())
             self.box.box_style = self.BOX_STYLES.get(t.state, "")
-            if t.state != "running":
+            self.box.layout.border_left = f"4px solid {STATE_COLOURS.get(t.state, UNKNOWN_COLOUR)}"
+            if t.state != "running":  # a finished generation shows no Cancel button
                 self.cancel_button.disabled = True
-                self.cancel_button.description = "Cancel"
+                self.cancel_button.layout.display = "none"
+                self.hint.value = ""
         if self.handle is not None and t.state != "running":
             self.handle.update(_Shown(self))  # the final text/plain beside the live view
 
@@ -185,7 +221,21 @@ class GenerationWidget:
         t = self.transcript
         self.reply.value = reply_html(t.text, error=t.state == "error")
         if t.state == "running":
-            self.stats.value = f'<span style="color:#6c757d;font-size:85%">{html.escape(t.status_line())}</span>'
+            self.stats.value = muted_html(t.status_line())
+
+    def _render_progress(self) -> None:
+        t = self.transcript
+        pre = t.prefill()
+        if pre is None or t.elapsed_s() < PROGRESS_DELAY_S:
+            self.progress.layout.display = "none"
+            self.progress_label.value = ""
+            return
+        restored, computed, total = pre
+        self.progress.max = max(1, total)
+        self.progress.value = min(total, restored + computed)
+        self.progress.layout.display = None
+        self.progress_label.value = muted_html(f"{restored + computed:,} of {total:,} prompt tokens "
+                                               f"({restored:,} restored from cache, {computed:,} computed)")
 
     def _render_thinking(self) -> None:
         t = self.transcript
@@ -203,13 +253,16 @@ class GenerationWidget:
 
 class TextView:
     """The same content as GenerationWidget, printed: tokens as they come, then
-    '[<hit kind>] <stats line>' or '[cancelled] ...' / '[error] ...'."""
+    '[<hit kind>] <stats line>' or '[cancelled] ...' / '[error] ...'. A prefill that takes
+    longer than `progress_delay_s` prints its progress on one line (rewritten with \\r)."""
 
-    def __init__(self, model: str = "", *, out: TextIO | None = None) -> None:
+    def __init__(self, model: str = "", *, out: TextIO | None = None, progress_delay_s: float = 1.0) -> None:
         self.transcript = Transcript(model)
         self.out = out
+        self.progress_delay_s = progress_delay_s
         self._in_thinking = False
         self._closed = False
+        self._progress_shown = False
         self._printed = ""  # reply text written so far
 
     def bind(self, stream: Any) -> None:
@@ -220,10 +273,29 @@ class TextView:
         out.write(s)
         out.flush()
 
+    def observe(self, info: dict[str, Any]) -> None:
+        t = self.transcript
+        t.observe(info)
+        pre = t.prefill()
+        if pre is not None and t.elapsed_s() >= self.progress_delay_s:
+            restored, computed, total = pre
+            self._progress_shown = True
+            self._write(f"\r[prefill] {restored + computed:,} of {total:,} prompt tokens "
+                        f"({restored:,} restored from cache, {computed:,} computed)")
+        elif pre is None:
+            self._end_progress()
+
+    def _end_progress(self) -> None:
+        if self._progress_shown:
+            self._progress_shown = False
+            self._write("\n")
+
     def feed(self, ev: Any) -> None:
         t = self.transcript
         before = len(t.thinking)
         what = t.apply(ev)
+        if what is not None:
+            self._end_progress()
         if what == "thinking":
             if not self._in_thinking and t.thinking and not t.thinking_done:
                 self._in_thinking = True
@@ -256,5 +328,6 @@ class TextView:
         if self._closed:
             return
         self._closed = True
+        self._end_progress()
         t = self.transcript
         self._write(f"\n[{t.tag()}] {t.status_line()}\n")
