@@ -42,6 +42,10 @@ def test_help_and_unknown_commands(ip: Any, capsys: pytest.CaptureFixture[str]) 
     assert "unknown %wb command 'frobnicate'" in usage_error(ip.run_cell("%wb frobnicate"))
     assert "invalid int value: 'many'" in usage_error(ip.run_cell("%wb load default --n-ctx many"))
     assert "unrecognized arguments: --bogus" in usage_error(ip.run_cell("%wb models --bogus"))
+    assert "(did you mean models or mode?)" in usage_error(ip.run_cell("%wb modles"))
+    err = usage_error(ip.run_cell("%%generate --max_tokens 5\nHi"))
+    assert "did you mean --max-tokens?" in err            # the magic's flags, as the user typed them
+    assert "did you mean --max-tokens?" in usage_error(ip.run_cell("%%chat --max_tokens 5\nHi"))
 
 
 def test_load_errors_name_the_reason(ip: Any) -> None:

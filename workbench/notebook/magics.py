@@ -28,11 +28,12 @@ from typing import Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import argument, magic_arguments
 
 import workbench as wb
+from workbench.errors import close_matches
 from workbench.notebook import transcript, views, widgets
-from workbench.notebook.commands import SUBCOMMANDS, usage_errors, with_arguments
+from workbench.notebook.commands import SUBCOMMANDS, parse_arguments, usage_errors, with_arguments
 from workbench.notebook.results import Result
 
 DEFAULT_VAR = "_wb"
@@ -139,8 +140,8 @@ class WorkbenchMagics(Magics):
             return None
         fn = SUBCOMMANDS.get(command)
         if fn is None:
-            raise UsageError(f"unknown %wb command {command!r}; commands: {', '.join(SUBCOMMANDS)}")
-        return fn(self, parse_argstring(fn, rest))
+            raise UsageError(f"unknown %wb command {command!r}{_hint(command)}; commands: {', '.join(SUBCOMMANDS)}")
+        return fn(self, parse_arguments(fn, rest))
 
     def _help(self, command: str) -> str:
         if command:
@@ -237,7 +238,7 @@ class WorkbenchMagics(Magics):
         self._run(self._generate_job(line, cell))
 
     def _generate_job(self, line: str, cell: str) -> _Job:
-        args = parse_argstring(self.generate, line)
+        args = parse_arguments(self.generate, line)
         model = self.model_of(args.model)
         prompt = interpolate(cell.rstrip("\n"), self.user_ns)
         if not prompt.strip():
@@ -342,7 +343,7 @@ class WorkbenchMagics(Magics):
         self._run(self._chat_job(line, cell))
 
     def _chat_job(self, line: str, cell: str) -> _Job:
-        args = parse_argstring(self.chat, line)
+        args = parse_arguments(self.chat, line)
         model = self.model_of(args.model)
         text = interpolate(cell.rstrip("\n"), self.user_ns)
         if not text.strip():
@@ -390,6 +391,11 @@ class WorkbenchMagics(Magics):
             opts["tool_choice"] = (choice if choice in ("auto", "none", "required")
                                    else {"type": "function", "function": {"name": choice}})
         return opts
+
+
+def _hint(command: str) -> str:
+    close = close_matches(command, list(SUBCOMMANDS))
+    return f" (did you mean {' or '.join(close)}?)" if close else ""
 
 
 def _text_from(ref: str, ns: dict[str, Any], flag: str, what: str) -> str:
