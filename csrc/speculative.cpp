@@ -198,6 +198,23 @@ private:
     std::string type_;
 };
 
+// The n largest logits at output row idx of the last decode, as (token, logit), largest
+// first: what a divergence between two runs is measured by (the top-2 gap).
+std::vector<std::pair<llama_token, float>> top_logits(Context & ctx, int idx, int n) {
+    if (idx < 0 || (uint32_t)idx >= ctx.n_batch) throw py::value_error("top_logits: output index out of range");
+    if (n < 1) throw py::value_error("top_logits: n must be at least 1");
+    const float * logits = llama_get_logits_ith(ctx.get(), idx);
+    if (logits == nullptr) throw py::value_error("top_logits: no logits at output row " + std::to_string(idx));
+    const int n_vocab = llama_vocab_n_tokens(ctx.model->vocab());
+    std::vector<std::pair<llama_token, float>> all(n_vocab);
+    for (llama_token t = 0; t < n_vocab; ++t) all[t] = {t, logits[t]};
+    const int k = std::min(n, n_vocab);
+    std::partial_sort(all.begin(), all.begin() + k, all.end(),
+                      [](const auto & a, const auto & b) { return a.second > b.second; });
+    all.resize(k);
+    return all;
+}
+
 }  // namespace
 
 void bind_speculative(py::module_ & m) {
@@ -217,6 +234,8 @@ void bind_speculative(py::module_ & m) {
         .def_property_readonly("type", &Speculative::type)
         .def_property_readonly("n_seq", &Speculative::n_seq)
         .def("close", &Speculative::close);
+    m.def("top_logits", &top_logits, py::arg("ctx"), py::arg("idx"), py::arg("n") = 2,
+          "The n largest logits at output row idx of the last decode: [(token, logit)], largest first.");
     m.def("speculative_types", []() {
         std::vector<std::string> out(std::begin(OFFERED), std::end(OFFERED));
         return out;

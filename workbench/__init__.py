@@ -20,6 +20,7 @@ from .api import (cached_prefix_len, evict, list_adapters, load_adapter, prefill
 from .cache_admin import (add_tier, cache_info, cache_rows, configure_cache, evict_bytes, list_tiers, pin_row,
                           remove_tier, unpin_row, wait_for_saves)
 from .engine.stream import Stream
+from .speculative import draft_tokens, verify
 from .pressure import pressure, pressure_sources, start_pressure_monitor, stop_pressure_monitor
 from .models import DEFAULT_MODEL, default_model_path, fetch_default_model
 
@@ -37,6 +38,7 @@ __all__ = [
     "list_tiers", "pin_row", "prefill_only", "remove_tier", "shutdown", "unpin_row", "wait_for_saves",
     "pressure", "pressure_sources", "start_pressure_monitor", "stop_pressure_monitor",
     "list_adapters", "load_adapter", "set_adapter_scale", "unload_adapter",
+    "draft_tokens", "verify",
 ]
 
 

@@ -106,6 +106,8 @@ class Speculative:
     def close(self) -> None: ...
 
 def speculative_types() -> list[str]: ...
+def top_logits(ctx: Context, idx: int, n: int = 2) -> list[tuple[int, float]]:
+    """The n largest logits at output row idx of the last decode, largest first."""
 
 def json_schema_to_grammar(schema_json: str) -> str:
     """GBNF for a JSON schema (JSON text), by llama.cpp common's converter."""

@@ -83,13 +83,13 @@ def tokenize(model: str, text: str, add_special: bool = True, parse_special: boo
 def detokenize(model: str, tokens: Sequence[int], remove_special: bool = False,
                unparse_special: bool = False) -> str:
     eng = registry.get(model)
-    ids = _token_list(eng, tokens, "tokens")
+    ids = token_list(eng, tokens, "tokens")
     check_bool("remove_special", remove_special)
     check_bool("unparse_special", unparse_special)
     return eng.model.detokenize(ids, remove_special, unparse_special).decode("utf-8", "replace")
 
 
-def _token_list(eng: Engine, tokens: Any, key: str) -> list[int]:
+def token_list(eng: Engine, tokens: Any, key: str) -> list[int]:
     if isinstance(tokens, (str, bytes)) or not isinstance(tokens, Sequence):
         raise InvalidOption(key, tokens, "a list of token ids")
     n_vocab = eng.model.n_vocab
@@ -106,7 +106,7 @@ def _prompt_tokens(eng: Engine, prompt: Any, opts: RequestOptions) -> list[int]:
             raise EmptyPrompt()
         tokens = tokenize_within(eng.model, prompt, opts.add_special, opts.parse_special, eng.ctx.n_ctx, "n_ctx")
     elif isinstance(prompt, Sequence) and not isinstance(prompt, bytes):
-        tokens = _token_list(eng, prompt, "prompt")
+        tokens = token_list(eng, prompt, "prompt")
     else:
         raise InvalidOption("prompt", prompt, "a string or a list of token ids")
     if not tokens:
@@ -129,10 +129,10 @@ def complete(model: str, prompt: str | Sequence[int], **opts: Any) -> Completion
 
     Ctrl-C (a notebook's Interrupt) cancels the request before re-raising.
     """
-    return _collect(stream(model, prompt, **opts))
+    return collect(stream(model, prompt, **opts))
 
 
-def _collect(s: Stream) -> CompletionResult:
+def collect(s: Stream) -> CompletionResult:
     try:
         # wait for the end without waking per token (each wake-up costs the loop thread
         # GIL hand-offs on the decode path); the events are all queued by then
@@ -157,12 +157,12 @@ def continue_session(model: str, session_id: str | int, tokens: Sequence[int], *
     check_session_id("session_id", session_id)
     check_bool("stream", stream)
     ropts = build(RequestOptions, opts, session_id=session_id)
-    new = _token_list(eng, tokens, "tokens")
+    new = token_list(eng, tokens, "tokens")
     if not new:
         raise EmptyPrompt()
-    committed = None if expect_committed is None else _token_list(eng, expect_committed, "expect_committed")
+    committed = None if expect_committed is None else token_list(eng, expect_committed, "expect_committed")
     s = Stream(eng, eng.submit(new, ropts, continue_session=True, expect_committed=committed))
-    return s if stream else _collect(s)
+    return s if stream else collect(s)
 
 
 def end_session(model: str, session_id: str | int, cache_scope: str = "default") -> None:
@@ -207,7 +207,7 @@ def prefill_only(model: str, prompt: str | Sequence[int], **opts: Any) -> Comple
     eng = registry.get(model)
     ropts = build(RequestOptions, opts, response_tokens=0)
     req = eng.submit(_prompt_tokens(eng, prompt, ropts), ropts, sync_saves=True)
-    return _collect(Stream(eng, req))
+    return collect(Stream(eng, req))
 
 
 def cached_prefix_len(model: str, prompt: str | Sequence[int], cache_scope: str = "default") -> int:

@@ -395,6 +395,38 @@ def _check_embed(n_ctx: int, n_seq_max: int) -> None:
         raise InvalidOption("embed_n_ctx", n_ctx, f"a multiple of embed_n_seq_max ({n_seq_max}), e.g. {up}: "
                             "llama.cpp splits the embedding batch evenly across its sequences", "config")
 
+NGRAM_KINDS = {"simple": "ngram-simple", "map_k": "ngram-map-k", "map_k4v": "ngram-map-k4v", "cache": "ngram-cache"}
+
+
+@dataclass(slots=True, frozen=True)
+class SpeculativeOptions:
+    """The ``speculative=`` request option: drafts from llama.cpp's n-gram drafters (or,
+    later, a loaded draft model), verified by the target in the scheduler's batch."""
+
+    ngram: str | None = opt(None, _choice(*NGRAM_KINDS), "self-speculation from the prompt and reply so far")
+    draft: str | None = opt(None, _str(), "a loaded draft model's id")
+    n_max: int = opt(16, _int(1, 256), "most draft tokens per step")
+    n_min: int = opt(0, _int(0, 256), "a shorter draft is not verified")
+    p_min: float = opt(0.0, _float(0.0, 1.0), "draft model: stop drafting below this probability")
+    size_n: int = opt(12, _int(1, 1024), "n-gram drafters: tokens of the key looked up (llama.cpp's default)")
+    size_m: int = opt(48, _int(1, 1024), "n-gram drafters: tokens of the m-gram drafted (llama.cpp's default)")
+    min_hits: int = opt(1, _int(1, 1024), "map_k / map_k4v: times a key must have been seen")
+
+
+def _speculative(key: str, v: Any, where: str) -> Any:
+    """None or a dict of SpeculativeOptions with exactly one of 'ngram' and 'draft'."""
+    if v is None:
+        return None
+    if not isinstance(v, Mapping):
+        raise InvalidOption(key, v, "None or a dict such as {'ngram': 'simple'} or {'draft': '<model id>'}", where)
+    spec = build(SpeculativeOptions, v, "speculative option")
+    if (spec.ngram is None) == (spec.draft is None):
+        raise InvalidOption(key, dict(v), "exactly one of 'ngram' (simple, map_k, map_k4v, cache) and 'draft'", where)
+    if spec.n_min > spec.n_max:
+        raise InvalidOption("n_min", spec.n_min, f"at most n_max ({spec.n_max})", "speculative option")
+    return spec
+
+
 @dataclass(slots=True, frozen=True)
 class RequestOptions:
     """Per-request options of complete / stream."""
@@ -425,6 +457,7 @@ class RequestOptions:
                                             "save a pinned agent_prefix row at exactly this many tokens")
     add_special: bool = opt(True, _bool, "text prompts: add BOS as the vocab says")
     parse_special: bool = opt(True, _bool, "text prompts: parse special tokens in the text")
+    speculative: SpeculativeOptions | None = opt(None, _speculative, "speculative decoding (docs/speculative.md)")
 
 
 @dataclass(slots=True, frozen=True)

@@ -113,6 +113,7 @@ class Req:
     seq: int
     feed: list[int] = field(default_factory=list)
     n_past: int = 0
+    out_from: int | None = None
 
 
 def test_rows_follow_the_plan_and_only_a_finished_feed_asks_for_logits():
@@ -132,3 +133,24 @@ def test_the_last_chunk_of_a_prompt_asks_for_logits_on_its_last_row():
     batch = build_batch(BatchPlan([Take(0, 3)]), {0: r})  # type: ignore[dict-item]
     assert batch.pos == [10, 11, 12] and batch.logits == [0, 0, 1]
     assert batch.slices[0].logits_row == 2
+
+
+# --- speculative drafts: a generating feed of 1 + draft ---------------------------------------
+
+def test_draft_rows_come_after_every_decoders_own_row_and_are_cut_to_fit():
+    spec, plain = view(1, "generating", 1 + 8, 50), view(2, "generating", 1, 20)
+    assert takes(DecodeFirst().plan([spec, plain], Budget(n_batch=6, chunk=None))) == [(1, 5), (2, 1)]
+    assert takes(DecodeFirst().plan([spec, plain], Budget(n_batch=64, chunk=None))) == [(1, 9), (2, 1)]
+    assert takes(PrefillFirst().plan([LONG, spec, plain], Budget(n_batch=130, chunk=128))) == [
+        (0, 128), (1, 1), (2, 1)]
+    assert takes(RoundRobin().plan([spec, plain], Budget(n_batch=4, chunk=None))) == [(1, 4)]
+    assert plan_problem(BatchPlan([Take(1, 3)]), [spec], Budget(8, None)) is None   # fewer draft rows: fine
+
+
+def test_verify_rows_all_ask_for_logits_from_out_from_on():
+    spec = Req(0, 0, [5, 6, 7, 8], n_past=40, out_from=40)        # last token + a draft of 3
+    verify = Req(1, 1, [1, 2, 3, 4, 5, 6], n_past=0, out_from=3)   # a verify() prefix of 4 + 2 candidates
+    batch = build_batch(BatchPlan([Take(0, 3), Take(1, 6)]), {0: spec, 1: verify})  # type: ignore[dict-item]
+    assert batch.logits == [1, 1, 1] + [0, 0, 0, 1, 1, 1]
+    assert [s.rows for s in batch.slices] == [range(0, 3), range(6, 9)] and batch.verifies
+    assert [s.logits_row for s in batch.slices] == [None, None]

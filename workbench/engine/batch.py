@@ -3,7 +3,8 @@
 The engine, not the strategy, turns a plan into token / position / sequence / logits
 arrays, from the requests' own state: a strategy names requests and counts, nothing more.
 A slice asks for logits on its last row exactly when it takes the rest of its feed (the
-last prompt token, or a generated token), since only then is there a token to sample.
+last prompt token, or a generated token), since only then is there a token to sample;
+a request with verify rows (``out_from``) asks for logits on each of them.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ class Slice:
     request: Request
     take: int
     logits_row: int | None          # batch index whose logits are sampled, None = no sample
+    rows: range | None = None       # verify rows: every one has logits (engine/speculation.py)
 
 
 @dataclass(slots=True)
@@ -31,6 +33,8 @@ class DecodeBatch:
     seq: list[int] = field(default_factory=list)
     logits: list[int] = field(default_factory=list)
     slices: list[Slice] = field(default_factory=list)
+    verifies: bool = False          # some slice has verify rows
+    decode_s: float = 0.0           # how long its native decode took
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -42,8 +46,20 @@ class DecodeBatch:
         self.pos.extend(range(req.n_past, req.n_past + take))
         self.seq.extend([req.seq] * take)
         complete = take == len(req.feed)
+        if req.out_from is not None:
+            self._add_verify(req, take, start)
+            return
         self.logits.extend([0] * (take - 1) + [1 if complete else 0])
         self.slices.append(Slice(req, take, start + take - 1 if complete else None))
+
+    def _add_verify(self, req: Request, take: int, start: int) -> None:
+        """Logits on every row at or after the request's ``out_from`` position: a speculating
+        sequence's last token + draft, or a verify() request's candidates."""
+        assert req.out_from is not None
+        first = min(max(req.out_from - req.n_past, 0), take)
+        self.logits.extend([0] * first + [1] * (take - first))
+        self.slices.append(Slice(req, take, None, range(start + first, start + take)))
+        self.verifies = True
 
 
 def view_of(req: Request) -> SeqView:

@@ -52,6 +52,7 @@ from .batch import DecodeBatch, build_batch, view_of
 from .events import ModelPhase
 from .cache_saves import SavePoints
 from .grammars import GrammarCache
+from .naming import describe, model_id_for  # noqa: F401 - registry takes model_id_for from here
 from .prefix_cache import EngineCache
 from .recovery import Recovery
 from .request import Request, next_ref
@@ -61,13 +62,15 @@ from .results import BatchResults
 from .scheduler import BatchPlan, Budget, plan_problem, strategy_for, strategy_name
 from .seq_pool import SeqPool
 from .session_commands import SessionCommands
+from .speculation import COUNTER_NAMES as SPEC_COUNTERS, Speculation, check_speculative
 from .sessions import SessionTable, common_prefix
 
 COMMAND_TIMEOUT_S = 5.0
 COUNTER_NAMES = ("decode_calls", "decoded_tokens", "decode_aborted", "decode_timeouts", "finished_stop",
                  "finished_length", "finished_cancelled", *(kind.counter for kind in HitKind),
                  "sessions_reclaimed", "sessions_reset", "cache_restore_failed", "cache_seq_not_cleared",
-                 "cache_saves_dropped", "cache_evicted_sessions", "adapter_changes", "bad_batch_plans")
+                 "cache_saves_dropped", "cache_evicted_sessions", "adapter_changes", "bad_batch_plans",
+                 *SPEC_COUNTERS)
 
 
 
@@ -122,6 +125,7 @@ class Engine:
         self.session_commands = SessionCommands(self.sessions, self.pool, self.table, self.saves, counters, lock)
         self.recovery = Recovery(self.pool, self.table, self.adapters, counters, cfg.decode_budget_ms)
         self.results = BatchResults(self.model, self.pool, self.table, self.saves, counters)
+        self.speculation = Speculation(self.model, self.pool, self.results, counters)
 
     # --- construction ------------------------------------------------------------------
     @classmethod
@@ -172,8 +176,11 @@ class Engine:
         return self.admission.last_hit
 
     def submit(self, prompt: list[int], opts: RequestOptions, *, continue_session: bool = False,
-               expect_committed: list[int] | None = None, sync_saves: bool = False) -> Request:
-        """Queue a request; admission errors (capacity, sessions, grammar) raise here."""
+               expect_committed: list[int] | None = None, sync_saves: bool = False,
+               verify_from: int | None = None) -> Request:
+        """Queue a request; admission errors (capacity, sessions, grammar) raise here.
+        ``verify_from``: a verify() request, the argmax of every row from there on."""
+        check_speculative(opts.speculative)
         grammar = self.grammars.for_request(opts.grammar, opts.json_schema)
         seed = opts.seed if opts.seed is not None else random.randrange(2**32 - 1)
         with self._cv:
@@ -197,6 +204,7 @@ class Engine:
             req.reasoning_budget = reasoning_budget(self.model, opts, req.prompt)
             req.special = special_ids(self.model, opts.render_special)
             req.sync_saves = sync_saves
+            req.verify_from = req.out_from = verify_from
             if sid is not None:
                 req.session = self.sessions.get_or_create(sid, opts.cache_scope)
                 req.session.busy_ref = req.ref
@@ -385,6 +393,8 @@ class Engine:
             self.recovery.decode_failed(rc, batch)
             return
         self.results.apply(batch)
+        if batch.verifies:
+            self.speculation.apply(batch)
 
     def _run_commands(self) -> None:
         while True:
@@ -411,6 +421,7 @@ class Engine:
         active = self.table.active
         if not active:
             return None
+        self.speculation.attach_drafts(active)
         views = [view_of(r) for r in active]
         try:
             plan = self.strategy.plan(views, self.budget)
@@ -418,7 +429,7 @@ class Engine:
                 plan = BatchPlan(list(plan.takes))  # a snapshot: what is checked is what runs
             problem = plan_problem(plan, views, self.budget)
         except Exception as e:  # noqa: BLE001 - a user's strategy: its error fails the requests, not the loop
-            problem = f"plan() raised {_describe(e)}"
+            problem = f"plan() raised {describe(e)}"
         if problem is not None:
             self._bad_plan(problem)
             return None
@@ -443,24 +454,10 @@ class Engine:
             self._in_decode = {s.request.ref for s in batch.slices}
             self.ctx.clear_abort()
         rc = self.ctx.decode(batch.tokens, batch.pos, batch.seq, batch.logits, float(self.cfg.decode_budget_ms))
+        batch.decode_s = time.perf_counter() - now
         with self._cv:
             self._in_decode = set()
         self.counters["decode_calls"] += 1
         if rc == 0:
             self.counters["decoded_tokens"] += len(batch)
         return rc
-
-def _describe(e: Exception) -> str:
-    try:
-        return f"{type(e).__name__}: {e}"
-    except Exception:  # noqa: BLE001 - a user's exception whose str() raises
-        return type(e).__name__
-
-
-def model_id_for(path: Path, taken: set[str]) -> str:
-    base = path.name.removesuffix(".gguf")
-    base = base.lower() or "model"
-    candidate, n = base, 2
-    while candidate in taken:
-        candidate, n = f"{base}-{n}", n + 1
-    return candidate

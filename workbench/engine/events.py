@@ -42,6 +42,7 @@ class Stats:
     seed: int | None
     cache_hit_kind: str = "cold"
     cache_delta: dict[str, int] = field(default_factory=lambda: {"read": 0, "created": 0})
+    speculative: dict[str, Any] | None = None   # speculative=: drafted, accepted, ... (engine/speculation.py)
 
 
 @dataclass(slots=True, frozen=True)

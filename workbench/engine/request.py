@@ -62,6 +62,10 @@ class Request:
     prompt_key: str | None = None    # row of exactly the prompt, when cached
     finish_key: str | None = None
     sync_saves: bool = False         # prefill_only: rows are stored before the request ends
+    spec: Any = None                 # speculation.Drafter once a speculative request drafts
+    out_from: int | None = None      # every row from this position on gets logits (verify rows)
+    verify_from: int | None = None   # a verify() request: its argmax from this position on
+    argmax: list[int] = field(default_factory=list)  # a verify() request's argmax per row
     finished: threading.Event = field(default_factory=threading.Event)
 
     def __post_init__(self) -> None:
@@ -118,6 +122,7 @@ class Request:
             seed=self.seed,
             cache_hit_kind=self.hit_kind.value,
             cache_delta=self.cache_delta(),
+            speculative=self.spec.summary() if self.spec is not None else None,
         )
 
     def cache_delta(self) -> dict[str, int]:

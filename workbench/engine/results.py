@@ -37,12 +37,10 @@ class BatchResults:
         where the decode produced logits."""
         now = time.perf_counter()
         for s in batch.slices:
+            if s.rows is not None:
+                continue                       # verify rows: engine/speculation.py
             req = s.request
-            req.n_past += s.take
-            del req.feed[: s.take]
-            if req.phase == "prefilling":
-                req.prefilled += s.take
-                self._saves.reached(req)
+            self.advance(req, s.take)
             if s.logits_row is None:
                 continue
             if req.phase == "prefilling":
@@ -53,31 +51,52 @@ class BatchResults:
             else:
                 self.sample(req, s.logits_row)
 
+    def advance(self, req: Request, take: int) -> None:
+        """``take`` tokens of the feed are in the KV now; a prefill saves at its save points."""
+        req.n_past += take
+        del req.feed[:take]
+        if req.phase == "prefilling":
+            req.prefilled += take
+            self._saves.reached(req)
+
     def sample(self, req: Request, row: int) -> None:
+        token = self.draw(req, row)
+        if token is None:
+            return
+        reason = self.take(req, token)
+        if reason is None:
+            req.feed = [token]
+        else:
+            self.finish(req, reason)
+
+    def draw(self, req: Request, row: int) -> int | None:
+        """The request's sampler's token at output ``row`` (accepted into its chain); None
+        when sampling failed, and the request has then failed."""
         try:
-            token = req.sampler.sample(self._pool.ctx, row)
+            return int(req.sampler.sample(self._pool.ctx, row))
         except ValueError as e:  # the grammar left no token to sample (csrc/sampler.cpp)
             self._table.fail(req, grammar_dead_end(req.opts.grammar, req.opts.json_schema, e))
-            return
         except _native.NativeError as e:  # llama.cpp threw inside the chain: this request ends
             self._table.fail(req, sampling_failed(req.opts.grammar, req.opts.json_schema, e))
-            return
+        return None
+
+    def take(self, req: Request, token: int) -> str | None:
+        """A sampled token into the reply (events); the finish reason it causes, if any:
+        end-of-generation, a stop string, the token limit or the end of the context."""
         now = time.perf_counter()
         if req.first_token_at is None:
             req.first_token_at = now
         if self._model.is_eog(token):
-            self.finish(req, "stop")
-            return
+            return "stop"
         req.generated.append(token)
         req.last_token_at = now
         special = req.special if isinstance(req.special, bool) else token in req.special
         req.emit_token(token, self._model.token_to_piece(token, special))
         if req.text is not None and req.text.stop_hit is not None:
-            self.finish(req, "stop")
-        elif len(req.generated) >= req.opts.response_tokens or req.n_past + 1 >= self._pool.ctx.n_ctx:
-            self.finish(req, "length")
-        else:
-            req.feed = [token]
+            return "stop"
+        if len(req.generated) >= req.opts.response_tokens or req.n_past + 1 >= self._pool.ctx.n_ctx:
+            return "length"
+        return None
 
     def finish(self, req: Request, reason: str) -> None:
         req.finish_key = self._saves.at_finish(req, reason)

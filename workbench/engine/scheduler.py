@@ -41,7 +41,8 @@ class SeqView:
 
     ref: int
     phase: RequestPhase        # 'prefilling' or 'generating'
-    feed: int                  # tokens waiting to enter the KV (1 for a generating sequence)
+    feed: int                  # tokens waiting to enter the KV (a generating sequence: 1, or
+                               # 1 + its draft when speculating; a shorter take drops the rest)
     n_past: int                # tokens of this sequence already in the KV
     boundary: int | None       # next save point: a prefill chunk must end at or before it
     prompt_tokens: int
@@ -126,12 +127,16 @@ def _is_int(v: Any) -> bool:
 # --- building blocks and the built-in strategies -------------------------------------------
 
 def add_decode_rows(plan: BatchPlan, active: Sequence[SeqView], budget: Budget) -> None:
-    """A row for each generating sequence, in order, while they fit."""
-    for v in active:
-        if v.phase == GENERATING and v.feed:
-            if plan.rows + v.feed > budget.n_batch:
-                break
-            plan.add(v, v.feed)
+    """A row for each generating sequence, in order, while they fit; then a speculating
+    sequence's draft rows (feed > 1: its last token + draft) in what is left, in order."""
+    decoders = [v for v in active if v.phase == GENERATING and v.feed]
+    room = budget.n_batch - plan.rows
+    decoders = decoders[: max(room, 0)]
+    room -= len(decoders)
+    for v in decoders:
+        extra = min(v.feed - 1, room)
+        room -= extra
+        plan.add(v, 1 + extra)
 
 
 def add_prefill_chunks(plan: BatchPlan, active: Sequence[SeqView], budget: Budget) -> None:
@@ -183,8 +188,8 @@ class RoundRobin:
             room = budget.n_batch - plan.rows
             if room <= 0:
                 break
-            if v.feed and v.phase == GENERATING and v.feed <= room:
-                plan.add(v, v.feed)
+            if v.feed and v.phase == GENERATING:
+                plan.add(v, min(v.feed, room))      # a draft may be cut short to fit
             elif v.feed and v.phase == PREFILLING:
                 plan.add(v, prefill_take(v, room, budget))
         return plan

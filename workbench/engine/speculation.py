@@ -1,0 +1,209 @@
+"""Speculative decoding in the batched loop: drafts from llama.cpp's drafters, verified in
+the same decode as every other sequence's rows.
+
+A request with ``speculative=`` gets a :class:`Drafter` (llama.cpp's common_speculative
+through ``_native.Speculative``) the first time it generates. Each tick, before the plan:
+
+1. ``attach_drafts``: a generating speculative sequence whose feed is its last sampled
+   token asks its drafter for up to n_max tokens (bounded by the tokens it may still
+   generate and the context); the draft joins the feed, and every row of it from the last
+   token on gets logits (``Request.out_from``). The strategy plans these rows like any
+   other decode rows (it may take fewer: the rest of the draft is dropped).
+2. ``apply`` after the decode: the request's own sampler samples row by row (llama.cpp's
+   ``common_sampler_sample_and_accept_n``): row i's token is accepted while it equals
+   draft token i; the first that differs (or the one after a fully accepted draft) is the
+   target's own next token. Greedy: every emitted token is the target's argmax. Sampling:
+   each token is drawn from the target's distribution given the tokens before it, so the
+   output is distributed as plain sampling's. The tokens then go through the same path as
+   plain decoding (events, end-of-generation, stop strings, response_tokens, n_ctx), and
+   the KV of every row past the last kept token is removed (``SeqPool.trim``): the
+   sequence's KV, its session's tokens and the cache rows saved at its finish hold
+   accepted tokens only.
+
+``verify()`` requests (workbench/speculative.py) use the same verify rows: logits on each
+candidate row, the argmax of each kept in ``Request.argmax``.
+
+State: none across requests; each request's drafter and numbers live on the request.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import _native
+from ..errors import InvalidOption
+from ..options import NGRAM_KINDS, SpeculativeOptions
+from .batch import DecodeBatch, Slice
+from .request import Request
+from .results import BatchResults
+from .seq_pool import SeqPool
+
+COUNTER_NAMES = ("spec_steps", "spec_drafted", "spec_accepted")
+
+
+@dataclass(slots=True)
+class SpecNumbers:
+    """One request's speculation so far."""
+
+    kind: str
+    steps: int = 0                  # drafts verified
+    drafted: int = 0                # draft tokens verified
+    accepted: int = 0               # of those, accepted
+    by_position: list[int] = field(default_factory=list)   # accepted at draft position i
+    tried: list[int] = field(default_factory=list)         # verified at draft position i
+    draft_lengths: collections.Counter[int] = field(default_factory=collections.Counter)
+    draft_s: float = 0.0            # in the drafter
+    verify_s: float = 0.0           # decodes that carried its verify rows, and their sampling
+
+    def record(self, n_draft: int, n_accepted: int) -> None:
+        self.steps += 1
+        self.drafted += n_draft
+        self.accepted += n_accepted
+        self.draft_lengths[n_draft] += 1
+        for pos_list, n in ((self.tried, n_draft), (self.by_position, n_accepted)):
+            if len(pos_list) < n_draft:
+                pos_list.extend([0] * (n_draft - len(pos_list)))
+            for i in range(n):
+                pos_list[i] += 1
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "steps": self.steps,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "acceptance": self.accepted / self.drafted if self.drafted else None,
+            "acceptance_by_position": [a / t if t else None for a, t in zip(self.by_position, self.tried)],
+            "accepted_by_position": list(self.by_position),
+            "draft_lengths": dict(sorted(self.draft_lengths.items())),
+            "draft_s": self.draft_s,
+            "verify_s": self.verify_s,
+        }
+
+
+def check_speculative(opts: SpeculativeOptions | None) -> None:
+    """What the engine cannot run yet is refused when the request is submitted."""
+    if opts is not None and opts.draft is not None:
+        raise InvalidOption("speculative", {"draft": opts.draft},
+                            "{'ngram': ...} for now: draft-model speculation is not built yet (docs/speculative.md)")
+
+
+class Drafter:
+    """A request's llama.cpp drafter (one sequence) and its numbers."""
+
+    def __init__(self, model: Any, opts: SpeculativeOptions, prompt: list[int]) -> None:
+        assert opts.ngram is not None
+        kind = NGRAM_KINDS[opts.ngram]
+        self.opts = opts
+        self.native = _native.Speculative(model, {"type": kind, "size_n": opts.size_n, "size_m": opts.size_m,
+                                                  "min_hits": opts.min_hits})
+        self.native.begin(0, prompt)
+        self.numbers = SpecNumbers(kind)
+
+    def draft(self, history: list[int], last: int, pos: int, n_max: int) -> list[int]:
+        t0 = time.perf_counter()
+        tokens = list(self.native.draft(0, history, last, pos, n_max))
+        self.numbers.draft_s += time.perf_counter() - t0
+        return tokens if len(tokens) >= max(1, self.opts.n_min) else []
+
+    def close(self) -> None:
+        self.native.close()
+
+    def summary(self) -> dict[str, Any]:
+        return self.numbers.summary()
+
+
+class Speculation:
+    def __init__(self, model: Any, pool: SeqPool, results: BatchResults,
+                 counters: collections.Counter[str]) -> None:
+        self._model = model
+        self._pool = pool
+        self._results = results
+        self._counters = counters
+
+    # --- before the plan ------------------------------------------------------------------
+    def attach_drafts(self, active: list[Request]) -> None:
+        """A draft for each generating speculative sequence about to decode its last token."""
+        for req in active:
+            if (req.opts.speculative is not None and req.phase == "generating" and req.out_from is None
+                    and len(req.feed) == 1):
+                self._attach(req)
+
+    def _attach(self, req: Request) -> None:
+        opts = req.opts.speculative
+        assert opts is not None
+        # a draft of k tokens yields up to k + 1: no more than the request may still generate,
+        # and every row inside the context with room for the token after it
+        n_max = min(opts.n_max, req.opts.response_tokens - len(req.generated) - 1,
+                    self._pool.ctx.n_ctx - req.n_past - 2)
+        if n_max < max(1, opts.n_min):
+            return
+        if req.spec is None:
+            req.spec = Drafter(self._model, opts, req.prompt)
+        history = (req.prompt + req.generated)[: req.n_past]
+        draft = req.spec.draft(history, req.feed[0], req.n_past, n_max)
+        if draft:
+            req.feed.extend(draft)
+            req.out_from = req.n_past
+
+    # --- after the decode -------------------------------------------------------------------
+    def apply(self, batch: DecodeBatch) -> None:
+        for s in batch.slices:
+            if s.rows is None:
+                continue
+            if s.request.verify_from is not None:
+                self._collect_argmax(s)
+            else:
+                self._accept(s, batch.decode_s)
+
+    def _accept(self, s: Slice, decode_s: float) -> None:
+        """Sample the verify rows in order, keep the accepted run, drop the rest's KV."""
+        t0 = time.perf_counter()
+        req, rows = s.request, s.rows
+        assert rows is not None and req.seq is not None
+        base, draft = req.n_past, req.feed[1: s.take]
+        tokens: list[int] = []
+        for i, row in enumerate(rows):
+            drawn = self._results.draw(req, row)
+            if drawn is None:
+                return                     # sampling failed: the request has failed
+            tokens.append(drawn)
+            if i >= len(draft) or drawn != draft[i] or self._model.is_eog(drawn):
+                break
+        reason, j = None, 0
+        for j, token in enumerate(tokens):
+            req.n_past = base + j + 1      # the KV holds the last token and the j draft tokens before
+            reason = self._results.take(req, token)
+            if reason is not None:
+                break
+        if req.n_past < base + s.take:
+            self._pool.trim(req.seq, req.n_past)
+        req.feed, req.out_from = [tokens[j]], None
+        self._record(req, len(draft), j, decode_s + time.perf_counter() - t0)
+        if reason is not None:
+            self._results.finish(req, reason)
+
+    def _record(self, req: Request, n_draft: int, n_accepted: int, verify_s: float) -> None:
+        assert req.spec is not None
+        req.spec.native.accept(0, n_accepted)
+        req.spec.numbers.record(n_draft, n_accepted)
+        req.spec.numbers.verify_s += verify_s
+        self._counters["spec_steps"] += 1
+        self._counters["spec_drafted"] += n_draft
+        self._counters["spec_accepted"] += n_accepted
+
+    def _collect_argmax(self, s: Slice) -> None:
+        """A verify() request: the argmax of each of its rows; it ends once all are decoded."""
+        req, rows = s.request, s.rows
+        assert rows is not None
+        self._results.advance(req, s.take)
+        for row in rows:
+            token = self._results.draw(req, row)
+            if token is None:
+                return
+            req.argmax.append(token)
+        if not req.feed:
+            self._results.finish(req, "length")
