@@ -64,11 +64,11 @@ def test_live_facts_show_before_the_end() -> None:
     w.transcript.started_at -= 2.0  # a prefill that has run two seconds
     w.observe(running_info())
     assert "partial" in w.badge.value and HIT_COLOURS["partial"] in w.badge.value  # known at admission
-    assert w.progress.layout.display is None and (w.progress.value, w.progress.max) == (150, 400)
+    assert w.progress_row.layout.display is None and (w.progress.value, w.progress.max) == (150, 400)
     assert "150 of 400 prompt tokens (100 restored from cache, 50 computed)" in w.progress_label.value
     assert "prefill 150 of 400 prompt tokens" in w.stats.value and "2.0 s" in w.stats.value
     w.observe(running_info(phase="generating", prefilled_tokens=300))
-    assert w.progress.layout.display == "none"
+    assert w.progress_row.layout.display == "none"
     feed(w, [TokenId(1), Token("a"), TokenId(2), Token("b"), TokenId(3), Token("c")])
     w.observe(running_info(phase="generating", prefilled_tokens=300))
     assert "running · 3 of 64 tokens · " in w.stats.value and "tok/s" in w.stats.value
@@ -81,7 +81,7 @@ def test_live_facts_show_before_the_end() -> None:
 def test_a_short_prefill_shows_no_bar() -> None:
     w = GenerationWidget("m")
     w.observe(running_info())  # just started: under PROGRESS_DELAY_S
-    assert w.progress.layout.display == "none"
+    assert w.progress_row.layout.display == "none"
 
 
 @pytest.mark.parametrize(("reason", "stop", "words"), [

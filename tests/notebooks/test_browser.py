@@ -1,15 +1,22 @@
-"""The quickstart notebook in a real browser: JupyterLab on 127.0.0.1 (a random port, a
-token, a temporary copy of the notebooks with their outputs cleared, Jupyter's config, data
-and settings directories private to the test), driven by Playwright with the system's
-Chromium (Debian's `chromium` package: Playwright's own browser download is never used).
+"""The notebooks in a real browser: JupyterLab on 127.0.0.1 (a random port, a token, a
+temporary copy of the notebooks with their outputs cleared, Jupyter's config, data and
+settings directories private to the test), driven by Playwright with the system's Chromium
+(Debian's `chromium` package: Playwright's own browser download is never used).
 
-"Run All Cells" on 01-quickstart, then check what a user sees: the first %%generate widget
-received its reply in several pieces (it streamed), both widgets finished, the first badge
-reads `cold` and the second `exact`, and both show the same reply. A screenshot goes to
-test-artifacts/jupyterlab-01-quickstart.png.
+- "Run All Cells" on 01-quickstart, then check what a user sees: the first %%generate
+  widget received its reply in several pieces (it streamed), both widgets finished, the
+  first badge reads `cold` and the second `exact`, and both show the same reply.
+- The live controls, on a notebook of the test's own with one long generation: the hit
+  badge shows the kind while the generation still runs, a click on Cancel during the
+  foreground cell ends it within seconds (cancelled, a partial Result), and the finished
+  widget shows no Cancel button.
+- Every tutorial notebook with plots runs top to bottom in the page; a screenshot of its
+  first plot goes to test-artifacts/.
 
-Marked `browser`. Skipped when Playwright, JupyterLab or Chromium is missing, unless
-WORKBENCH_REQUIRE_BROWSER=1 (then it fails).
+Screenshots: test-artifacts/jupyterlab-*.png. Marked `browser`. Skipped when Playwright,
+JupyterLab or Chromium is missing, unless WORKBENCH_REQUIRE_BROWSER=1 (then it fails):
+`make test` sets it wherever Chromium is installed (the Makefile installs Debian's), so
+there the test can only skip where the Makefile said it could not install Chromium.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
@@ -39,6 +47,16 @@ NOTEBOOKS = ROOT / "notebooks"
 ARTIFACTS = ROOT / "test-artifacts"
 NOTEBOOK = "01-quickstart.ipynb"
 SCREENSHOT = ARTIFACTS / "jupyterlab-01-quickstart.png"
+CONTROLS = "controls.ipynb"      # written by the test beside the tutorials' copies
+CONTROL_CELLS = [
+    "%load_ext workbench",
+    "%wb load default",
+    "%%generate --max-tokens 3000 --ignore-eos --as fg\nCount from one to one thousand in words:",
+    'print("finished:", fg.finish_reason, fg.stats.generated_tokens)',
+]
+CANCEL_BOUND_S = 10.0            # 3,000 tokens take half a minute or more here
+PLOT_NOTEBOOKS = sorted(p.name for p in NOTEBOOKS.glob("[0-9][0-9]-*.ipynb")
+                        if "image/png" in p.read_text())
 CHROMIUM_NAMES = ("chromium", "chromium-browser")
 STEP_TIMEOUT_S = 90
 
@@ -67,7 +85,7 @@ WATCH_FIRST_REPLY = """() => {
 def _missing(what: str) -> NoReturn:
     if os.environ.get("WORKBENCH_REQUIRE_BROWSER") == "1":
         pytest.fail(f"{what} (WORKBENCH_REQUIRE_BROWSER=1)")
-    pytest.skip(what)
+    pytest.skip(f"{what}: the browser test is skipped (make test requires it wherever Chromium is installed)")
 
 
 def _require(module: str) -> Any:
@@ -114,6 +132,9 @@ def _copy_notebooks(dest: Path) -> None:
             if cell.cell_type == "code":
                 cell.outputs, cell.execution_count = [], None
         nbformat.write(nb, dest / path.name)
+    controls = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in CONTROL_CELLS])
+    controls.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(controls, dest / CONTROLS)
 
 
 def _lab_env(home: Path) -> dict[str, str]:
@@ -172,11 +193,14 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Lab, subproc
             proc.wait()
 
 
-def _kernel_ready(lab: Lab) -> bool:
-    """The page's kernel is up, idle and connected to the page. Clicking "Run All Cells"
-    earlier (the notebook's own status already reads idle) can lose the executions."""
+def _kernel_ready(lab: Lab, name: str) -> bool:
+    """The notebook's kernel is up, idle and connected to the page, and no other kernel
+    runs. Clicking "Run All Cells" earlier (the notebook's own status already reads idle)
+    can lose the executions."""
     kernels = lab.api("/api/kernels")
-    return len(kernels) == 1 and kernels[0]["execution_state"] == "idle" and kernels[0]["connections"] >= 1
+    mine = [s["kernel"]["id"] for s in lab.api("/api/sessions") if s.get("path") == name]
+    return (len(kernels) == 1 and [k["id"] for k in kernels] == mine
+            and kernels[0]["execution_state"] == "idle" and kernels[0]["connections"] >= 1)
 
 
 def _run_all(page: Any) -> None:
@@ -184,42 +208,68 @@ def _run_all(page: Any) -> None:
     page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
 
 
-def test_quickstart_streams_into_widgets_and_the_second_run_is_exact(lab: tuple[Lab, Any]) -> None:
+def _code_cells(path: Path) -> int:
+    return sum(c.cell_type == "code" for c in nbformat.read(path, as_version=4).cells)
+
+
+@contextmanager
+def _notebook_page(lab: tuple[Lab, Any], name: str, *, before_run: str | None = None) -> Iterator[Any]:
+    """A browser page with notebook `name` open, its kernel ready, "Run All Cells" clicked
+    (and seen to start); a screenshot test-artifacts/jupyterlab-<name>-failed.png if the
+    block fails."""
     server, proc = lab
     sync_api = _require("playwright.sync_api")
-    chromium = _chromium()
-    code_cells = sum(c.cell_type == "code" for c in nbformat.read(NOTEBOOKS / NOTEBOOK, as_version=4).cells)
     ARTIFACTS.mkdir(exist_ok=True)
     with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium, headless=True)
+        browser = p.chromium.launch(executable_path=_chromium(), headless=True)
         page = browser.new_page(viewport={"width": 1280, "height": 1000})
         page.set_default_timeout(STEP_TIMEOUT_S * 1000)
         try:
-            page.goto(f"{server.url}/lab/tree/{NOTEBOOK}?token={server.token}")
+            # a workspace of its own, reset: no tab of an earlier test reopens (with its kernel)
+            page.goto(f"{server.url}/lab/workspaces/wb-{Path(name).stem}/tree/{name}?reset&token={server.token}")
             page.wait_for_selector(".jp-Notebook .jp-CodeCell")
-            _wait_until(server, proc, lambda: _kernel_ready(server), "the notebook's kernel was not ready")
-            page.evaluate(WATCH_FIRST_REPLY)
+            _wait_until(server, proc, lambda: _kernel_ready(server, name), "the notebook's kernel was not ready")
+            if before_run:
+                page.evaluate(before_run)
             _run_all(page)
             try:  # a cell starts within seconds; if none did, the click was lost: once more
                 page.wait_for_function("() => [...document.querySelectorAll('.jp-CodeCell .jp-InputArea-prompt')]"
                                        ".some(p => /[\\d*]/.test(p.textContent))", timeout=30_000)
             except sync_api.TimeoutError:
                 _run_all(page)
-            page.wait_for_function(
-                f"() => [...document.querySelectorAll('.jp-CodeCell .jp-InputArea-prompt')]"
-                f".filter(p => /\\d/.test(p.textContent)).length === {code_cells}")
-            widgets = page.locator(".jupyter-widgets.widget-vbox:has(.wb-reply)")
-            widgets.nth(1).scroll_into_view_if_needed()
-            page.screenshot(path=str(SCREENSHOT))
-            seen = [{"badge": w.locator(".wb-badge").inner_text(), "state": w.locator(".wb-state").inner_text(),
-                     "reply": w.locator(".wb-reply").inner_text()} for w in widgets.all()]
-            lengths = page.evaluate("() => window.__wbReplyLengths")
-            printed = page.locator(".jp-OutputArea-output").all_inner_texts()
+            yield page
         except Exception:
-            page.screenshot(path=str(ARTIFACTS / "jupyterlab-01-quickstart-failed.png"))
+            page.screenshot(path=str(ARTIFACTS / f"jupyterlab-{Path(name).stem}-failed.png"))
             raise
         finally:
             browser.close()
+            _shutdown_kernels(server)
+
+
+def _shutdown_kernels(server: Lab) -> None:
+    """Each test starts from a page with one kernel (and the model memory of one)."""
+    for k in server.api("/api/kernels"):
+        request = urllib.request.Request(f"{server.url}/api/kernels/{k['id']}", method="DELETE",
+                                         headers={"Authorization": f"token {server.token}"})
+        urllib.request.urlopen(request, timeout=10).close()
+
+
+def _wait_all_cells(page: Any, n: int, timeout_s: float = STEP_TIMEOUT_S) -> None:
+    page.wait_for_function(
+        f"() => [...document.querySelectorAll('.jp-CodeCell .jp-InputArea-prompt')]"
+        f".filter(p => /\\d/.test(p.textContent)).length === {n}", timeout=timeout_s * 1000)
+
+
+def test_quickstart_streams_into_widgets_and_the_second_run_is_exact(lab: tuple[Lab, Any]) -> None:
+    with _notebook_page(lab, NOTEBOOK, before_run=WATCH_FIRST_REPLY) as page:
+        _wait_all_cells(page, _code_cells(NOTEBOOKS / NOTEBOOK))
+        widgets = page.locator(".jupyter-widgets.widget-vbox:has(.wb-reply)")
+        widgets.nth(1).scroll_into_view_if_needed()
+        page.screenshot(path=str(SCREENSHOT))
+        seen = [{"badge": w.locator(".wb-badge").inner_text(), "state": w.locator(".wb-state").inner_text(),
+                 "reply": w.locator(".wb-reply").inner_text()} for w in widgets.all()]
+        lengths = page.evaluate("() => window.__wbReplyLengths")
+        printed = page.locator(".jp-OutputArea-output").all_inner_texts()
     assert [w["badge"] for w in seen] == ["cold", "exact"], seen
     assert [w["state"] for w in seen] == ["done", "done"], seen
     assert seen[0]["reply"].strip() and seen[0]["reply"] == seen[1]["reply"], seen
@@ -227,3 +277,50 @@ def test_quickstart_streams_into_widgets_and_the_second_run_is_exact(lab: tuple[
     assert len(pieces) >= 3 and pieces[-1] == len(seen[0]["reply"]), f"the reply did not stream: {lengths}"
     assert any("same reply as the first run: True" in text for text in printed), printed
     assert not any("Traceback" in text or "Error" in text for text in printed), printed
+
+
+def test_cancel_click_during_a_foreground_cell_and_the_live_badge(lab: tuple[Lab, Any]) -> None:
+    with _notebook_page(lab, CONTROLS) as page:
+        widget = page.locator(".jupyter-widgets.widget-vbox:has(.wb-reply)").first
+        widget.wait_for()
+        button = widget.locator("button", has_text="Cancel")
+        # the hit kind is on the badge while the generation still runs
+        page.wait_for_function("() => { const w = document.querySelector('.jupyter-widgets .wb-state');"
+                               " const b = document.querySelector('.jupyter-widgets .wb-badge');"
+                               " return w && b && w.textContent === 'running' && b.textContent === 'cold'; }")
+        page.wait_for_function("() => /\\d+ of 3000 tokens/.test(document.body.innerText)")
+        live = widget.inner_text()
+        assert button.is_enabled(), "the Cancel button of a running foreground cell is not live"
+        page.screenshot(path=str(ARTIFACTS / "jupyterlab-controls-running.png"))
+        clicked = time.monotonic()
+        button.click()
+        page.wait_for_function("() => document.body.innerText.includes('finished: cancelled')",
+                               timeout=CANCEL_BOUND_S * 4 * 1000)
+        took = time.monotonic() - clicked
+        page.screenshot(path=str(ARTIFACTS / "jupyterlab-controls-cancelled.png"))
+        state = widget.locator(".wb-state").inner_text()
+        button_visible = button.is_visible()
+        stats = widget.locator(".wb-state ~ *").all_inner_texts()
+        printed = page.locator(".jp-OutputArea-output").all_inner_texts()
+    assert "running" in live and "tok/s" in live, live
+    assert took < CANCEL_BOUND_S, f"the cell ended {took:.1f} s after the click"
+    assert state == "cancelled" and not button_visible, (state, button_visible, stats)
+    finished = next(t for t in printed if "finished:" in t).split()
+    assert finished[:2] == ["finished:", "cancelled"] and 0 < int(finished[2]) < 3000, finished
+    assert not any("Traceback" in text for text in printed), printed
+
+
+@pytest.mark.parametrize("name", PLOT_NOTEBOOKS)
+def test_notebook_runs_in_the_page_and_its_plot_renders(lab: tuple[Lab, Any], name: str) -> None:
+    shot = ARTIFACTS / f"jupyterlab-{Path(name).stem}-plot.png"
+    with _notebook_page(lab, name) as page:
+        _wait_all_cells(page, _code_cells(NOTEBOOKS / name), timeout_s=300)
+        plot = page.locator(".jp-OutputArea-output img[src^='data:image/png']").first
+        plot.scroll_into_view_if_needed()
+        plot.screenshot(path=str(shot))
+        size = plot.bounding_box()
+        errors = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']"
+                              ).all_inner_texts()
+    assert size is not None and size["width"] > 200 and size["height"] > 100, size
+    assert shot.stat().st_size > 5_000
+    assert not any("Traceback" in e for e in errors), errors

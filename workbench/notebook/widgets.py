@@ -128,8 +128,7 @@ class GenerationWidget:
                                       disabled=not live_cancel, layout=w.Layout(width="auto"))
         self.cancel_button.on_click(self._clicked)
         self.hint = w.HTML("" if live_cancel else muted_html("Interrupt to stop, or --background for Cancel"))
-        self.progress = w.IntProgress(value=0, min=0, max=1, description="prefill",
-                                      layout=w.Layout(width="16em", display="none"))
+        self.progress = w.IntProgress(value=0, min=0, max=1, description="prefill", layout=w.Layout(width="16em"))
         self.progress_label = w.HTML("")
         self.thinking = w.HTML("")
         self.thinking_box = w.Accordion(children=[self.thinking], layout=w.Layout(display="none"))
@@ -138,8 +137,9 @@ class GenerationWidget:
         self.stats = w.HTML(muted_html(self.transcript.status_line()))
         header = w.HBox([self.badge, self.state, self.title, self.cancel_button, self.hint],
                         layout=w.Layout(align_items="center"))
-        progress_row = w.HBox([self.progress, self.progress_label], layout=w.Layout(align_items="center"))
-        self.box = w.VBox([header, progress_row, self.thinking_box, self.reply, self.stats], box_style="info",
+        self.progress_row = w.HBox([self.progress, self.progress_label],
+                                   layout=w.Layout(align_items="center", display="none"))
+        self.box = w.VBox([header, self.progress_row, self.thinking_box, self.reply, self.stats], box_style="info",
                           layout=w.Layout(border_left=f"4px solid {STATE_COLOURS['running']}",
                                           padding="0.2em 0.6em"))
 
@@ -227,13 +227,12 @@ class GenerationWidget:
         t = self.transcript
         pre = t.prefill()
         if pre is None or t.elapsed_s() < PROGRESS_DELAY_S:
-            self.progress.layout.display = "none"
-            self.progress_label.value = ""
+            self.progress_row.layout.display = "none"
             return
         restored, computed, total = pre
         self.progress.max = max(1, total)
         self.progress.value = min(total, restored + computed)
-        self.progress.layout.display = None
+        self.progress_row.layout.display = None
         self.progress_label.value = muted_html(f"{restored + computed:,} of {total:,} prompt tokens "
                                                f"({restored:,} restored from cache, {computed:,} computed)")
 
