@@ -121,7 +121,13 @@ def stream(model: str, prompt: str | Sequence[int], **opts: Any) -> Stream:
     eng = registry.get(model)
     ropts = build(RequestOptions, opts)
     tokens = _prompt_tokens(eng, prompt, ropts)
-    return Stream(eng, eng.submit(tokens, ropts))
+    return Stream(eng, eng.submit(tokens, ropts, draft=_draft_engine(ropts)))
+
+
+def _draft_engine(opts: RequestOptions) -> Engine | None:
+    """The loaded model ``speculative={'draft': id}`` names (NotLoaded if it is not)."""
+    spec = opts.speculative
+    return registry.get(spec.draft) if spec is not None and spec.draft is not None else None
 
 
 def complete(model: str, prompt: str | Sequence[int], **opts: Any) -> CompletionResult:
@@ -161,7 +167,8 @@ def continue_session(model: str, session_id: str | int, tokens: Sequence[int], *
     if not new:
         raise EmptyPrompt()
     committed = None if expect_committed is None else token_list(eng, expect_committed, "expect_committed")
-    s = Stream(eng, eng.submit(new, ropts, continue_session=True, expect_committed=committed))
+    s = Stream(eng, eng.submit(new, ropts, continue_session=True, expect_committed=committed,
+                               draft=_draft_engine(ropts)))
     return s if stream else collect(s)
 
 

@@ -400,14 +400,13 @@ NGRAM_KINDS = {"simple": "ngram-simple", "map_k": "ngram-map-k", "map_k4v": "ngr
 
 @dataclass(slots=True, frozen=True)
 class SpeculativeOptions:
-    """The ``speculative=`` request option: drafts from llama.cpp's n-gram drafters (or,
-    later, a loaded draft model), verified by the target in the scheduler's batch."""
+    """The ``speculative=`` request option: drafts from llama.cpp's n-gram drafters or from
+    a loaded draft model (its greedy reply), verified by the target in the scheduler's batch."""
 
     ngram: str | None = opt(None, _choice(*NGRAM_KINDS), "self-speculation from the prompt and reply so far")
     draft: str | None = opt(None, _str(), "a loaded draft model's id")
     n_max: int = opt(16, _int(1, 256), "most draft tokens per step")
     n_min: int = opt(0, _int(0, 256), "a shorter draft is not verified")
-    p_min: float = opt(0.0, _float(0.0, 1.0), "draft model: stop drafting below this probability")
     size_n: int = opt(12, _int(1, 1024), "n-gram drafters: tokens of the key looked up (llama.cpp's default)")
     size_m: int = opt(48, _int(1, 1024), "n-gram drafters: tokens of the m-gram drafted (llama.cpp's default)")
     min_hits: int = opt(1, _int(1, 1024), "map_k / map_k4v: times a key must have been seen")

@@ -11,7 +11,7 @@ import pytest
 
 import workbench as wb
 from workbench import _native
-from workbench.errors import InvalidOption, UnknownOption
+from workbench.errors import InvalidOption, NotLoaded, UnknownOption
 from workbench.options import LoadConfig, build
 
 pytestmark = pytest.mark.model
@@ -189,9 +189,57 @@ def test_bad_speculative_input_is_named(spec_model):
         (lambda: wb.complete(spec_model, prefix, speculative={"ngram": "simple", "n_min": 9, "n_max": 4}),
          InvalidOption, "n_min"),
         (lambda: wb.complete(spec_model, prefix, speculative="ngram"), InvalidOption, "speculative"),
-        (lambda: wb.complete(spec_model, prefix, speculative={"draft": spec_model}), InvalidOption, "not built"),
+        (lambda: wb.complete(spec_model, prefix, speculative={"draft": spec_model}), InvalidOption, "another"),
+        (lambda: wb.complete(spec_model, prefix, speculative={"draft": "no-such-model"}), NotLoaded,
+         "no-such-model"),
+        (lambda: wb.complete(spec_model, prefix, speculative={"draft": "x", "ngram": "simple"}), InvalidOption,
+         "exactly one"),
     ]
     for call, err, says in cases:
         with pytest.raises(err, match=says):
             call()
     assert wb.complete(spec_model, prefix, response_tokens=4).finish_reason in ("stop", "length")
+
+
+# --- a draft model -----------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def draft_model(model_path):
+    """A second instance of the default model: the same vocabulary, so every draft token
+    is the target's own argmax up to batch non-invariance."""
+    mid = wb.load_model(model_path=str(model_path), model_id="speculative-draft", n_seq_max=2)
+    yield mid
+    wb.unload(mid)
+
+
+def test_a_draft_models_greedy_drafts_are_accepted_and_change_nothing(spec_model, draft_model):
+    for prompt in PROMPTS[:3]:
+        plain = wb.complete(spec_model, prompt, response_tokens=48)
+        r = wb.complete(spec_model, prompt, response_tokens=48, speculative={"draft": draft_model, "n_max": 6})
+        s = r.stats.speculative
+        assert r.tokens == plain.tokens and r.finish_reason == plain.finish_reason
+        assert s["kind"] == f"draft:{draft_model}" and s["acceptance"] > 0.8 and s["draft_s"] > 0
+        assert max(s["draft_lengths"]) <= 6
+    # its drafting sessions end with the request: the draft model's sequences are free again
+    assert wb.sessions(draft_model) == [] and wb.model_info(draft_model)["available_seqs"] == 2
+
+
+def test_a_draft_model_that_is_unloaded_mid_way_leaves_plain_decoding(spec_model, model_path):
+    mid = wb.load_model(model_path=str(model_path), model_id="speculative-gone", n_seq_max=1)
+    plain = wb.complete(spec_model, COPY, response_tokens=40)
+    s = wb.stream(spec_model, COPY, response_tokens=40, speculative={"draft": mid})
+    wb.unload(mid)
+    r = s.result()
+    assert r.tokens == plain.tokens
+
+
+@pytest.mark.heavy
+def test_a_draft_model_with_another_vocabulary_is_refused_at_the_first_request(spec_model):
+    from .heavy_models import QWEN_CODER_05B, fetch_chunked
+
+    qwen = wb.load_model(model_path=str(fetch_chunked(QWEN_CODER_05B)), model_id="qwen-draft", n_seq_max=1)
+    try:
+        with pytest.raises(InvalidOption, match="vocabulary"):
+            wb.complete(spec_model, "Hello", speculative={"draft": qwen})
+    finally:
+        wb.unload(qwen)

@@ -52,7 +52,7 @@ from .batch import DecodeBatch, build_batch, view_of
 from .events import ModelPhase
 from .cache_saves import SavePoints
 from .grammars import GrammarCache
-from .naming import describe, model_id_for  # noqa: F401 - registry takes model_id_for from here
+from .naming import describe, model_facts, model_id_for  # noqa: F401 - registry takes model_id_for from here
 from .prefix_cache import EngineCache
 from .recovery import Recovery
 from .request import Request, next_ref
@@ -177,10 +177,11 @@ class Engine:
 
     def submit(self, prompt: list[int], opts: RequestOptions, *, continue_session: bool = False,
                expect_committed: list[int] | None = None, sync_saves: bool = False,
-               verify_from: int | None = None) -> Request:
+               verify_from: int | None = None, draft: Engine | None = None) -> Request:
         """Queue a request; admission errors (capacity, sessions, grammar) raise here.
-        ``verify_from``: a verify() request, the argmax of every row from there on."""
-        check_speculative(opts.speculative)
+        ``verify_from``: a verify() request, the argmax of every row from there on;
+        ``draft``: the Engine of ``speculative={'draft': id}``."""
+        check_speculative(opts.speculative, self, draft)
         grammar = self.grammars.for_request(opts.grammar, opts.json_schema)
         seed = opts.seed if opts.seed is not None else random.randrange(2**32 - 1)
         with self._cv:
@@ -205,6 +206,7 @@ class Engine:
             req.special = special_ids(self.model, opts.render_special)
             req.sync_saves = sync_saves
             req.verify_from = req.out_from = verify_from
+            req.draft_engine = draft
             if sid is not None:
                 req.session = self.sessions.get_or_create(sid, opts.cache_scope)
                 req.session.busy_ref = req.ref
@@ -246,41 +248,10 @@ class Engine:
         return len(self.table.pending)
 
     def info(self) -> dict[str, Any]:
-        m, c = self.model, self.ctx
         with self._cv:
-            pinned_idle = len(self.sessions.idle_pinned())
-            n_sessions = len(self.sessions)
-            available = self.pool.n_free()
-        return {
-            "model_id": self.model_id,
-            "path": str(self.path),
-            "fingerprint": self.fingerprint,
-            "desc": m.desc,
-            "n_params": m.n_params,
-            "size_bytes": m.size,
-            "n_vocab": m.n_vocab,
-            "n_ctx_train": m.n_ctx_train,
-            "n_ctx": c.n_ctx,
-            "n_batch": c.n_batch,
-            "n_ubatch": c.n_ubatch,
-            "n_seq_max": c.n_seq_max,
-            "n_threads": c.n_threads,
-            "flash_attn": self.ctx_params["flash_attn"],
-            "type_k": self.ctx_params["type_k"],
-            "type_v": self.ctx_params["type_v"],
-            "prefill_chunk_size": self.chunk,
-            "batch_strategy": strategy_name(self.strategy),
-            "available_seqs": available,
-            "pinned_idle_seqs": pinned_idle,
-            "sessions": n_sessions,
-            "phase": self.phase,
-            "queue_depth": len(self.table.active),
-            "pending_len": len(self.table.pending),
-            "grammar_cache": self.grammars.stats(),
-            "adapters": [a.info() for a in self.adapter_list()],
-            "has_chat_template": m.chat_template is not None,
-            "gpu": bool(_native.cuda),
-        }
+            live = {"available_seqs": self.pool.n_free(), "pinned_idle_seqs": len(self.sessions.idle_pinned()),
+                    "sessions": len(self.sessions)}
+        return model_facts(self, live)
 
     # --- adapters and sessions (any thread; session commands run on the loop) ----------------
     def request_adapters(self, change: Callable[[list[AdapterSlot]], list[AdapterSlot]]) -> None:

@@ -1,8 +1,13 @@
-"""Names the engine gives: a model id from its file name, a user's exception in a message."""
+"""What the engine tells: a model id from its file name, a user's exception in a message,
+the facts of a loaded model (``model_info``)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
+
+from .. import _native
+from .scheduler import strategy_name
 
 
 def describe(e: Exception) -> str:
@@ -19,3 +24,36 @@ def model_id_for(path: Path, taken: set[str]) -> str:
     while candidate in taken:
         candidate, n = f"{base}-{n}", n + 1
     return candidate
+
+
+def model_facts(eng: Any, live: dict[str, int]) -> dict[str, Any]:
+    """``model_info()`` of an Engine; ``live``: its sequence counts, read under its lock."""
+    m, c = eng.model, eng.ctx
+    return {
+        "model_id": eng.model_id,
+        "path": str(eng.path),
+        "fingerprint": eng.fingerprint,
+        "desc": m.desc,
+        "n_params": m.n_params,
+        "size_bytes": m.size,
+        "n_vocab": m.n_vocab,
+        "n_ctx_train": m.n_ctx_train,
+        "n_ctx": c.n_ctx,
+        "n_batch": c.n_batch,
+        "n_ubatch": c.n_ubatch,
+        "n_seq_max": c.n_seq_max,
+        "n_threads": c.n_threads,
+        "flash_attn": eng.ctx_params["flash_attn"],
+        "type_k": eng.ctx_params["type_k"],
+        "type_v": eng.ctx_params["type_v"],
+        "prefill_chunk_size": eng.chunk,
+        "batch_strategy": strategy_name(eng.strategy),
+        **live,
+        "phase": eng.phase,
+        "queue_depth": len(eng.table.active),
+        "pending_len": len(eng.table.pending),
+        "grammar_cache": eng.grammars.stats(),
+        "adapters": [a.info() for a in eng.adapter_list()],
+        "has_chat_template": m.chat_template is not None,
+        "gpu": bool(_native.cuda),
+    }

@@ -62,7 +62,8 @@ class Request:
     prompt_key: str | None = None    # row of exactly the prompt, when cached
     finish_key: str | None = None
     sync_saves: bool = False         # prefill_only: rows are stored before the request ends
-    spec: Any = None                 # speculation.Drafter once a speculative request drafts
+    spec: Any = None                 # speculation's drafter once a speculative request drafts
+    draft_engine: Any = None         # speculative={'draft': id}: that model's Engine
     out_from: int | None = None      # every row from this position on gets logits (verify rows)
     verify_from: int | None = None   # a verify() request: its argmax from this position on
     argmax: list[int] = field(default_factory=list)  # a verify() request's argmax per row

@@ -51,6 +51,8 @@ class RequestTable:
         if req.sampler is not None:
             req.sampler.close()
             req.sampler = None
+        if req.spec is not None:
+            req.spec.close()    # its numbers stay for the request's Stats
         with self._lock:
             if req in self.active:
                 self.active.remove(req)

@@ -1,8 +1,9 @@
 """Speculative decoding in the batched loop: drafts from llama.cpp's drafters, verified in
 the same decode as every other sequence's rows.
 
-A request with ``speculative=`` gets a :class:`Drafter` (llama.cpp's common_speculative
-through ``_native.Speculative``) the first time it generates. Each tick, before the plan:
+A request with ``speculative=`` gets a drafter the first time it generates: an
+:class:`NgramDrafter` (llama.cpp's common_speculative through ``_native.Speculative``) or a
+:class:`ModelDrafter` (another loaded model's greedy reply). Each tick, before the plan:
 
 1. ``attach_drafts``: a generating speculative sequence whose feed is its last sampled
    token asks its drafter for up to n_max tokens (bounded by the tokens it may still
@@ -34,8 +35,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import _native
-from ..errors import InvalidOption
-from ..options import NGRAM_KINDS, SpeculativeOptions
+from ..errors import InvalidOption, WorkbenchError
+from ..options import NGRAM_KINDS, RequestOptions, SpeculativeOptions
 from .batch import DecodeBatch, Slice
 from .request import Request
 from .results import BatchResults
@@ -84,15 +85,37 @@ class SpecNumbers:
         }
 
 
-def check_speculative(opts: SpeculativeOptions | None) -> None:
-    """What the engine cannot run yet is refused when the request is submitted."""
-    if opts is not None and opts.draft is not None:
+DRAFT_WAIT_S = 10.0           # the longest the loop waits for a draft model's reply
+DRAFT_SCOPE = "speculative-draft"
+
+
+def check_speculative(opts: SpeculativeOptions | None, target: Any, draft: Any) -> None:
+    """A draft model is given (the facade looked it up), is not the target itself (its loop
+    would wait on itself), and passes llama.cpp's vocabulary check against the target."""
+    if opts is None or opts.draft is None:
+        return
+    if draft is None:
+        raise InvalidOption("speculative", {"draft": opts.draft}, "the id of a loaded model")
+    if draft is target:
         raise InvalidOption("speculative", {"draft": opts.draft},
-                            "{'ngram': ...} for now: draft-model speculation is not built yet (docs/speculative.md)")
+                            "another loaded model than the target (load a second instance to draft with the same file)")
+    try:
+        _native.Speculative(target.model, {"type": "draft-simple"}, draft.ctx.n_seq_max, target.ctx, draft.ctx).close()
+    except ValueError as e:
+        raise InvalidOption("speculative", {"draft": opts.draft},
+                            f"a draft model whose vocabulary matches the target's (llama.cpp: {e})") from None
 
 
-class Drafter:
-    """A request's llama.cpp drafter (one sequence) and its numbers."""
+def make_drafter(req: Request, model: Any) -> NgramDrafter | ModelDrafter:
+    opts = req.opts.speculative
+    assert opts is not None
+    if opts.draft is not None:
+        return ModelDrafter(req.draft_engine, opts, f"{req.model_id}/{req.ref}")
+    return NgramDrafter(model, opts, req.prompt)
+
+
+class NgramDrafter:
+    """A request's llama.cpp n-gram drafter (one sequence) and its numbers."""
 
     def __init__(self, model: Any, opts: SpeculativeOptions, prompt: list[int]) -> None:
         assert opts.ngram is not None
@@ -109,8 +132,52 @@ class Drafter:
         self.numbers.draft_s += time.perf_counter() - t0
         return tokens if len(tokens) >= max(1, self.opts.n_min) else []
 
+    def accepted(self, n: int) -> None:
+        self.native.accept(0, n)
+
     def close(self) -> None:
         self.native.close()
+
+    def summary(self) -> dict[str, Any]:
+        return self.numbers.summary()
+
+
+class ModelDrafter:
+    """Drafts from another loaded model: its greedy reply to the tokens so far, through its
+    own engine (batched there with its other sequences), on a session of its own so each
+    step prefills only what is new since the last. The loop waits for it (bounded); a
+    draft that fails or is late is no draft, and the request decodes on without one."""
+
+    def __init__(self, engine: Any, opts: SpeculativeOptions, name: str) -> None:
+        self.engine, self.opts, self.session = engine, opts, name
+        self.numbers = SpecNumbers(f"draft:{engine.model_id}")
+        self.failures = 0
+
+    def draft(self, history: list[int], last: int, pos: int, n_max: int) -> list[int]:
+        t0 = time.perf_counter()
+        try:
+            tokens = self._reply(history + [last], n_max)
+        except WorkbenchError:
+            tokens, self.failures = [], self.failures + 1
+        self.numbers.draft_s += time.perf_counter() - t0
+        return tokens if len(tokens) >= max(1, self.opts.n_min) else []
+
+    def _reply(self, prompt: list[int], n_max: int) -> list[int]:
+        opts = RequestOptions(response_tokens=n_max, cache=False, session_id=self.session, cache_scope=DRAFT_SCOPE)
+        req = self.engine.submit(prompt, opts)
+        if not req.finished.wait(DRAFT_WAIT_S):
+            self.engine.cancel(req)
+            return []
+        return list(req.generated)
+
+    def accepted(self, n: int) -> None:
+        pass
+
+    def close(self) -> None:
+        try:
+            self.engine.end_session(self.session, DRAFT_SCOPE)
+        except (WorkbenchError, TimeoutError):
+            pass    # no session yet, or the draft model is gone: nothing to free
 
     def summary(self) -> dict[str, Any]:
         return self.numbers.summary()
@@ -142,7 +209,7 @@ class Speculation:
         if n_max < max(1, opts.n_min):
             return
         if req.spec is None:
-            req.spec = Drafter(self._model, opts, req.prompt)
+            req.spec = make_drafter(req, self._model)
         history = (req.prompt + req.generated)[: req.n_past]
         draft = req.spec.draft(history, req.feed[0], req.n_past, n_max)
         if draft:
@@ -188,7 +255,7 @@ class Speculation:
 
     def _record(self, req: Request, n_draft: int, n_accepted: int, verify_s: float) -> None:
         assert req.spec is not None
-        req.spec.native.accept(0, n_accepted)
+        req.spec.accepted(n_accepted)
         req.spec.numbers.record(n_draft, n_accepted)
         req.spec.numbers.verify_s += verify_s
         self._counters["spec_steps"] += 1
