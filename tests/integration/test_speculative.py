@@ -7,6 +7,9 @@ without speculation; draft_tokens / verify answer erllama's questions and name b
 
 from __future__ import annotations
 
+import collections
+import math
+
 import pytest
 
 import workbench as wb
@@ -243,3 +246,46 @@ def test_a_draft_model_with_another_vocabulary_is_refused_at_the_first_request(s
             wb.complete(spec_model, "Hello", speculative={"draft": qwen})
     finally:
         wb.unload(qwen)
+
+
+# --- temperature > 0: the output is distributed as plain sampling's -----------------------------
+
+def chi_square_p(a: collections.Counter, b: collections.Counter, min_expected: float = 5.0) -> tuple[float, float, int]:
+    """Two-sample chi-square homogeneity test over the categories of a and b (those with an
+    expected count under ``min_expected`` pooled into one); (statistic, p-value by the
+    Wilson-Hilferty approximation, degrees of freedom)."""
+    na, nb = sum(a.values()), sum(b.values())
+    rows: dict[object, list[int]] = collections.defaultdict(lambda: [0, 0])
+    for key in set(a) | set(b):
+        big = (a[key] + b[key]) * min(na, nb) / (na + nb) >= min_expected
+        rows[key if big else "pooled"][0] += a[key]
+        rows[key if big else "pooled"][1] += b[key]
+    stat = 0.0
+    for oa, ob in rows.values():
+        for obs, n in ((oa, na), (ob, nb)):
+            exp = (oa + ob) * n / (na + nb)
+            stat += (obs - exp) ** 2 / exp
+    df = max(1, len(rows) - 1)
+    z = ((stat / df) ** (1 / 3) - (1 - 2 / (9 * df))) / math.sqrt(2 / (9 * df))
+    return stat, 0.5 * math.erfc(z / math.sqrt(2)), df
+
+
+def test_sampled_speculative_tokens_follow_the_plain_distribution(spec_model):
+    n, positions = 300, (3, 6, 9)
+    spec = {"ngram": "simple", "size_n": 2, "size_m": 8}
+    plain: dict[int, collections.Counter] = {i: collections.Counter() for i in positions}
+    fast: dict[int, collections.Counter] = {i: collections.Counter() for i in positions}
+    accepted = 0
+    for seed in range(n):   # distinct seeds on each side: two samples, not one replayed
+        a = wb.complete(spec_model, COPY, response_tokens=10, temperature=1.5, top_k=3, seed=seed)
+        b = wb.complete(spec_model, COPY, response_tokens=10, temperature=1.5, top_k=3, seed=10**6 + seed,
+                        speculative=spec)
+        accepted += b.stats.speculative["accepted"]
+        for i in positions:
+            plain[i][a.tokens[i] if len(a.tokens) > i else -1] += 1
+            fast[i][b.tokens[i] if len(b.tokens) > i else -1] += 1
+    assert accepted > 100, "drafts must be accepted under sampling for this to test the rule"
+    for i in positions:
+        stat, p, df = chi_square_p(plain[i], fast[i])
+        print(f"token {i}: chi-square {stat:.1f}, df {df}, p {p:.3f}")
+        assert p > 0.001 / len(positions), (i, plain[i].most_common(5), fast[i].most_common(5))
