@@ -130,6 +130,11 @@ REQUEST_VALID: dict[str, st.SearchStrategy] = {
     "parent_key": st.one_of(st.none(), text, st.just("0" * 32)),
     "prefix_checkpoint_len": st.one_of(st.none(), small_pos),
     "add_special": st.booleans(), "parse_special": st.booleans(),
+    "speculative": st.one_of(st.none(), st.fixed_dictionaries(
+        {"ngram": st.sampled_from(["simple", "map_k", "map_k4v", "cache", "bad"])},
+        optional={"n_max": small_pos, "n_min": small_pos, "size_n": small_pos, "size_m": small_pos,
+                  "min_hits": small_pos}),
+        st.sampled_from([{}, {"draft": "no-such-model"}, {"ngram": "simple", "draft": "x"}, "simple", 3])),
 }
 request_opts = option_map(option_names(RequestOptions), REQUEST_VALID)
 

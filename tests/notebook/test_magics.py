@@ -296,3 +296,19 @@ def test_chat_magic_tool_loop_with_qwen_coder(ip: Any) -> None:
         assert ip.user_ns["nbtest_ans"].stats.cache_hit_kind != "cold"   # the call's turn was cached
     finally:
         wb.unload(mid)
+
+
+@pytest.mark.model
+def test_ngram_flag_speculates_with_the_same_greedy_reply(shell: Any) -> None:
+    from tests.integration.test_speculative import COPY  # a reply that copies code from its prompt
+
+    shell.user_ns["nbtest_copy"] = COPY
+    assert shell.run_cell("%%generate --max-tokens 64 --as nbtest_plain\n{nbtest_copy}").success
+    assert shell.run_cell("%%generate --max-tokens 64 --ngram cache --spec-n-max 4 --as nbtest_spec\n"
+                          "{nbtest_copy}").success
+    plain, spec = shell.user_ns["nbtest_plain"], shell.user_ns["nbtest_spec"]
+    assert spec.reply == plain.reply
+    assert spec.stats.speculative is not None and spec.stats.speculative["drafted"] > 0
+    assert "choose one way" in usage_error(shell.run_cell("%%generate --draft x --ngram simple\nHi"))
+    assert "needs --draft" in usage_error(shell.run_cell("%%generate --spec-n-max 3\nHi"))
+    assert "is not loaded" in usage_error(shell.run_cell("%%generate --draft nbtest-nodraft\nHi"))

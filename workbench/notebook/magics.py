@@ -10,7 +10,8 @@ delegates to the public API, `views` and `widgets`; the %wb subcommands live in
     %wb cache | tiers | evict BYTES [--tier T] | pin KEY | unpin KEY   [--model ID | --cache VAR]
     %%generate [--model ID] [--max-tokens N] [--temperature T] [--top-k K] [--top-p P]
                [--seed S] [--stop STR ...] [--grammar FILE|VAR] [--json-schema VAR]
-               [--session S] [--ignore-eos] [--no-stream] [--background] [--as VAR]
+               [--session S] [--ignore-eos] [--draft ID | --ngram KIND [--spec-n-max N]]
+               [--no-stream] [--background] [--as VAR]
     %%chat     [the %%generate options] [--system TEXT] [--new] [--thinking]
                [--thinking-budget N] [--tools VAR|FILE] [--tool-choice auto|none|required|NAME]
                [--tool-result CALL_ID]
@@ -89,6 +90,10 @@ _generation_args = [
     argument("--json-schema", metavar="VAR", help="JSON schema: a variable (dict or text), or a file"),
     argument("--session", metavar="S", help="sticky session id (keeps this conversation's KV live)"),
     argument("--ignore-eos", action="store_true", help="never stop at end-of-generation"),
+    argument("--draft", metavar="ID", help="speculative decoding with this loaded draft model"),
+    argument("--ngram", choices=["simple", "map_k", "map_k4v", "cache"],
+             help="speculative decoding with n-gram drafts from the prompt and reply (no second model)"),
+    argument("--spec-n-max", type=int, metavar="N", help="most draft tokens per step (with --draft/--ngram)"),
     argument("--no-stream", action="store_true", help="wait for the whole reply, then show it"),
     argument("--background", action="store_true",
              help="stream on a thread and return at once (the Cancel button works meanwhile)"),
@@ -203,6 +208,9 @@ class WorkbenchMagics(Magics):
             opts["stop_sequences"] = [_unescape(s) for s in args.stop]
         if args.ignore_eos:
             opts["ignore_eos"] = True
+        spec = _speculative(args)
+        if spec is not None:
+            opts["speculative"] = spec
         if args.grammar is not None:
             opts["grammar"] = _text_from(args.grammar, ns, "--grammar", "GBNF text")
         if args.json_schema is not None:
@@ -391,6 +399,20 @@ class WorkbenchMagics(Magics):
             opts["tool_choice"] = (choice if choice in ("auto", "none", "required")
                                    else {"type": "function", "function": {"name": choice}})
         return opts
+
+
+def _speculative(args: Any) -> dict[str, Any] | None:
+    """--draft ID / --ngram KIND [--spec-n-max N] as the request's speculative= option."""
+    if args.draft is not None and args.ngram is not None:
+        raise UsageError("--draft and --ngram: choose one way of drafting")
+    if args.draft is None and args.ngram is None:
+        if args.spec_n_max is not None:
+            raise UsageError("--spec-n-max needs --draft ID or --ngram KIND")
+        return None
+    spec: dict[str, Any] = {"draft": args.draft} if args.draft is not None else {"ngram": args.ngram}
+    if args.spec_n_max is not None:
+        spec["n_max"] = args.spec_n_max
+    return spec
 
 
 def _hint(command: str) -> str:
