@@ -35,7 +35,18 @@ $(VENV)/.deps: pyproject.toml
 setup: $(VENV)/.deps .ccache-checked
 
 # --- the native extension (editable install; build/ is kept between builds) ----------------
-$(VENV)/.built: $(VENV)/.deps .ccache-checked $(NATIVE_SRC)
+# The editable install maps each Python module to its file: a module added, moved or removed
+# needs a reinstall (llama.cpp is not rebuilt), so the list of modules is a prerequisite too,
+# rewritten only when it changes.
+PY_MODULES := $(sort $(shell find workbench -name '*.py' 2>/dev/null))
+build/.py-modules: FORCE
+	@mkdir -p $(@D)
+	@echo '$(PY_MODULES)' | cmp -s - $@ 2>/dev/null || echo '$(PY_MODULES)' > $@
+
+.PHONY: FORCE
+FORCE:
+
+$(VENV)/.built: $(VENV)/.deps .ccache-checked $(NATIVE_SRC) build/.py-modules
 	$(PY) vendor/fetch_llama.py
 	$(PIP) install -q --no-build-isolation -e ".[test]"
 	@touch $@

@@ -1,0 +1,133 @@
+"""Per-request and per-chat-call options: `RequestOptions` (complete / stream), its
+`speculative=` record `SpeculativeOptions`, and `ChatOptions`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import InvalidOption
+from .rules import (INT32_MAX, as_bool, as_float, as_int, as_json_object, as_json_schema, as_scope,
+                    as_session_id, as_str, as_str_list, build, one_of, opt)
+
+def _tool_choice(key: str, v: Any, where: str) -> Any:
+    """'auto' | 'none' | 'required' | {'type': 'function', 'function': {'name': str}}."""
+    if v is None or v in ("auto", "none", "required"):
+        return v
+    if isinstance(v, Mapping) and v.get("type") == "function" and isinstance(v.get("function"), Mapping):
+        name = v["function"].get("name")
+        if isinstance(name, str) and name:
+            return {"type": "function", "function": {"name": name}}
+    raise InvalidOption(key, v, "'auto', 'none', 'required' or {'type': 'function', 'function': {'name': ...}}",
+                        where)
+
+
+def _reasoning_budget(key: str, v: Any, where: str) -> Any:
+    """{'tokens': int >= 0, 'end': non-empty str, 'start': str = '', 'message': str = ''}."""
+    if v is None:
+        return None
+    expected = ("None or {'tokens': int >= 0, 'end': non-empty str, 'start': str, 'message': str} "
+                "(start '' = the reply opens inside the block)")
+    if not isinstance(v, Mapping) or set(v) - {"tokens", "start", "end", "message"}:
+        raise InvalidOption(key, v, expected, where)
+    tokens, end = v.get("tokens"), v.get("end")
+    start, message = v.get("start", ""), v.get("message", "")
+    if (isinstance(tokens, bool) or not isinstance(tokens, int) or not 0 <= tokens <= INT32_MAX
+            or not isinstance(end, str) or not end or not isinstance(start, str) or not isinstance(message, str)):
+        raise InvalidOption(key, v, expected, where)
+    return {"tokens": tokens, "start": start, "end": end, "message": message}
+
+
+def _render_special(key: str, v: Any, where: str) -> Any:
+    """False | True | a list of special-token strings."""
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, (list, tuple)) and all(isinstance(s, str) and s for s in v):
+        return tuple(v)
+    raise InvalidOption(key, v, "True, False or a list of special-token strings (e.g. ['<think>', '</think>'])",
+                        where)
+
+
+NGRAM_KINDS = {"simple": "ngram-simple", "map_k": "ngram-map-k", "map_k4v": "ngram-map-k4v", "cache": "ngram-cache"}
+
+
+@dataclass(slots=True, frozen=True)
+class SpeculativeOptions:
+    """The ``speculative=`` request option: drafts from llama.cpp's n-gram drafters or from
+    a loaded draft model (its greedy reply), verified by the target in the scheduler's batch."""
+
+    ngram: str | None = opt(None, one_of(*NGRAM_KINDS), "self-speculation from the prompt and reply so far")
+    draft: str | None = opt(None, as_str(), "a loaded draft model's id")
+    n_max: int = opt(16, as_int(1, 256), "most draft tokens per step")
+    n_min: int = opt(0, as_int(0, 256), "a shorter draft is not verified")
+    size_n: int = opt(12, as_int(1, 1024), "n-gram drafters: tokens of the key looked up (llama.cpp's default)")
+    size_m: int = opt(48, as_int(1, 1024), "n-gram drafters: tokens of the m-gram drafted (llama.cpp's default)")
+    min_hits: int = opt(1, as_int(1, 1024), "map_k / map_k4v: times a key must have been seen")
+
+
+def _speculative(key: str, v: Any, where: str) -> Any:
+    """None or a dict of SpeculativeOptions with exactly one of 'ngram' and 'draft'."""
+    if v is None:
+        return None
+    if not isinstance(v, Mapping):
+        raise InvalidOption(key, v, "None or a dict such as {'ngram': 'simple'} or {'draft': '<model id>'}", where)
+    spec = build(SpeculativeOptions, v, "speculative option")
+    if (spec.ngram is None) == (spec.draft is None):
+        raise InvalidOption(key, dict(v), "exactly one of 'ngram' (simple, map_k, map_k4v, cache) and 'draft'", where)
+    if spec.n_min > spec.n_max:
+        raise InvalidOption("n_min", spec.n_min, f"at most n_max ({spec.n_max})", "speculative option")
+    return spec
+
+
+@dataclass(slots=True, frozen=True)
+class RequestOptions:
+    """Per-request options of complete / stream."""
+
+    response_tokens: int = opt(64, as_int(0), "most tokens to generate")
+    temperature: float = opt(0.0, as_float(0.0), "0 = greedy")
+    top_k: int = opt(40, as_int(0), "0 = off")
+    top_p: float = opt(1.0, as_float(0.0, 1.0))
+    min_p: float = opt(0.0, as_float(0.0, 1.0))
+    repetition_penalty: float = opt(1.0, as_float(0.0))
+    repeat_last_n: int = opt(64, as_int(-1))
+    seed: int | None = opt(None, as_int(0, 2**32 - 2, none_ok=True), "None = a fresh random seed")
+    stop_sequences: tuple[str, ...] = opt((), as_str_list)
+    grammar: str | None = opt(None, as_str())
+    json_schema: str | None = opt(None, as_json_schema, "constrain output to a JSON schema (dict or text)")
+    ignore_eos: bool = opt(False, as_bool, "never sample end-of-generation tokens (benchmarks)")
+    render_special: bool | tuple[str, ...] = opt(False, _render_special,
+                                                 "show special tokens' text in the reply: True = all, or these")
+    reasoning_budget: dict[str, Any] | None = opt(None, _reasoning_budget,
+                                                  "after 'tokens' tokens inside start..end, force "
+                                                  "message + end into the reply (llama.cpp's budget sampler)")
+    session_id: str | int | None = opt(None, as_session_id, "pin a sequence to this conversation")
+    on_full: str = opt("block", one_of("block", "error"), "no free sequence: queue, or raise SeqCapacity")
+    cache: bool = opt(True, as_bool, "look up and save KV prefix cache rows for this request")
+    cache_scope: str = opt("default", as_scope, "tenant: rows are never shared across scopes")
+    parent_key: str | None = opt(None, as_str(), "resume from this row (a previous finish_key)")
+    prefix_checkpoint_len: int | None = opt(None, as_int(1, none_ok=True),
+                                            "save a pinned agent_prefix row at exactly this many tokens")
+    add_special: bool = opt(True, as_bool, "text prompts: add BOS as the vocab says")
+    parse_special: bool = opt(True, as_bool, "text prompts: parse special tokens in the text")
+    speculative: SpeculativeOptions | None = opt(None, _speculative, "speculative decoding (docs/speculative.md)")
+
+
+@dataclass(slots=True, frozen=True)
+class ChatOptions:
+    """Per-call options of chat / chat_stream / render_chat_template (beside RequestOptions)."""
+
+    tool_choice: str | dict[str, Any] | None = opt(None, _tool_choice,
+                                                    "'auto' (None), 'none', 'required' or one named function")
+    parallel_tool_calls: bool = opt(False, as_bool, "let the template's grammar allow several calls")
+    tool_call_prefill: bool = opt(True, as_bool, "tool_choice 'required' or named: open the reply with the "
+                                               "template's call marker, so it is a call, not text first")
+    add_generation_prompt: bool = opt(True, as_bool, "end the prompt with the assistant turn's header")
+    continue_final_message: bool = opt(False, as_bool,
+                                       "the last (assistant) message is a prefix the reply continues")
+    chat_template_kwargs: dict[str, Any] | None = opt(None, as_json_object, "extra variables for the template")
+    chat_template: str | None = opt(None, as_str(), "a jinja template to use instead of the model's")
+    thinking: str = opt("disabled", one_of("enabled", "disabled"),
+                        "enabled: ask the template to think and stream Thinking events")
+    thinking_budget_tokens: int | None = opt(None, as_int(0, none_ok=True),
+                                             "close the thinking block after this many tokens")
