@@ -55,7 +55,7 @@ build: $(VENV)/.built
 
 # llama.cpp's own programs from the same build tree (for bench/ and parity tests)
 tools: build
-	cmake --build "$$($(PY) bench/_paths.py build-dir)" --target llama-bench llama-batched-bench llama-simple
+	cmake --build "$$($(PY) bench/_paths.py build-dir)" --target llama-bench llama-batched-bench llama-simple llama-speculative-simple llama-lookup
 
 model: build
 	$(PY) -m workbench.models fetch

@@ -1,0 +1,194 @@
+#!/usr/bin/env python3
+"""Speculative decoding beside plain decoding and beside llama.cpp's own programs, one run.
+
+Same model files, same vendored llama.cpp build, same threads, greedy decoding, the same
+prompts (raw ChatML text, special tokens parsed), the same number of tokens to predict:
+
+- n-grams on the default model: workbench `speculative={'ngram': 'cache'}` against
+  `llama-lookup` (llama.cpp's n-gram-cache drafting), and `{'ngram': 'simple'}` against
+  `llama-speculative-simple --spec-type ngram-simple`;
+- with `--pair`: Qwen2.5-Coder-1.5B-Instruct drafted by Qwen2.5-Coder-0.5B-Instruct
+  (../shared/MODELS.md; fetched once): workbench `speculative={'draft': ...}` against
+  `llama-speculative-simple --spec-type draft-simple`.
+
+Prompt classes: an input-grounded code edit (the reply repeats most of the input), a
+summary, free generation. Speed is the decode rate: ours `Stats.decode_tps` (first to last
+generated token), llama.cpp's its "decoded N tokens in T seconds" line (after the prompt).
+Rounds alternate the programs and ours; each figure is the median over rounds.
+
+    python bench/bench_speculative.py [--rounds 3] [--n-predict 128] [--pair] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from _paths import tool  # noqa: E402
+
+import workbench as wb  # noqa: E402
+from workbench.options import default_threads  # noqa: E402
+
+N_DRAFT = 8
+
+CODE = '''def summarize(orders):
+    total = 0
+    count = 0
+    for order in orders:
+        if order.status == "paid":
+            total += order.amount
+            count += 1
+    average = total / count if count else 0.0
+    report = {"total": total, "count": count, "average": average}
+    for key, value in report.items():
+        print(f"{key}: {value}")
+    return report
+'''
+TEXT = ("The lighthouse on the northern cape was built in 1871 to guide fishing boats past the reef. "
+        "For ninety years a keeper lived in the cottage beside it, climbing the spiral stairs each evening "
+        "to light the lamp and wind the clockwork that turned the lens. In 1962 the light was automated and "
+        "the last keeper moved to the village, where he taught children to read the weather from the clouds. "
+        "Today the cottage is a small museum, and the lamp, now electric, still flashes twice every ten seconds.")
+
+
+def chat(text: str) -> str:
+    return f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n"
+
+
+PROMPTS = {
+    "code edit (input-grounded)": chat(f"Rename the variable `total` to `paid_total` in this code and output "
+                                       f"the whole code:\n```python\n{CODE}```"),
+    "summary": chat(f"Summarise this text in three sentences:\n{TEXT}"),
+    "free generation": chat("Write a short story about a fox who learns to sail."),
+}
+
+_DECODED = re.compile(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds")
+_ACCEPT = re.compile(r"accept\s+=\s+([\d.]+|-?nan)%")
+
+
+def run_program(cmd: list[str]) -> dict[str, float]:
+    """tok/s and acceptance from a llama.cpp example's log."""
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    log = out.stdout + out.stderr
+    m = _DECODED.search(log)
+    if out.returncode != 0 or m is None:
+        raise RuntimeError(f"{Path(cmd[0]).name} failed ({out.returncode}):\n{log[-2000:]}")
+    n, secs = int(m.group(1)), float(m.group(2))
+    a = _ACCEPT.search(log)
+    accept = float(a.group(1)) / 100 if a and "nan" not in a.group(1) else 0.0
+    return {"tps": n / secs if secs > 0 else 0.0, "acceptance": accept}
+
+
+def program_cmd(name: str, model: Path, prompt: str, n: int, threads: int, extra: list[str]) -> list[str]:
+    return [str(tool(name)), "-m", str(model), "-p", prompt, "-n", str(n), "-t", str(threads), "--temp", "0",
+            "--top-k", "1", "--seed", "1", "-c", "4096", "--spec-draft-n-max", str(N_DRAFT), *extra]
+
+
+def ours(mid: str, prompt: str, n: int, spec: dict[str, Any] | None) -> dict[str, float]:
+    r = wb.complete(mid, prompt, response_tokens=n, temperature=0, cache=False, speculative=spec)
+    s = r.stats.speculative or {}
+    return {"tps": r.stats.decode_tps or 0.0, "acceptance": float(s.get("acceptance") or 0.0),
+            "tokens": r.stats.generated_tokens}
+
+
+def measure_class(label: str, rounds: int, sides: dict[str, Callable[[], dict[str, float]]]) -> dict[str, Any]:
+    """Every side once per round, in turn; medians over rounds."""
+    runs: dict[str, list[dict[str, float]]] = {k: [] for k in sides}
+    for _ in range(rounds):
+        for key, fn in sides.items():
+            runs[key].append(fn())
+    return {key: {"tps": statistics.median(r["tps"] for r in rs),
+                  "acceptance": statistics.median(r["acceptance"] for r in rs)} for key, rs in runs.items()}
+
+
+def ngram_sides(mid: str, model: Path, prompt: str, n: int, threads: int) -> dict[str, Callable[[], Any]]:
+    return {
+        "plain": lambda: ours(mid, prompt, n, None),
+        "ours ngram-cache": lambda: ours(mid, prompt, n, {"ngram": "cache", "n_max": N_DRAFT}),
+        "llama-lookup": lambda: run_program(program_cmd("llama-lookup", model, prompt, n, threads, [])),
+        "ours ngram-simple": lambda: ours(mid, prompt, n, {"ngram": "simple", "n_max": N_DRAFT}),
+        "llama-speculative-simple ngram-simple": lambda: run_program(program_cmd(
+            "llama-speculative-simple", model, prompt, n, threads, ["--spec-type", "ngram-simple", "-md", str(model)])),
+    }
+
+
+def pair_sides(mid: str, did: str, target: Path, draft: Path, prompt: str, n: int,
+               threads: int) -> dict[str, Callable[[], Any]]:
+    return {
+        "plain": lambda: ours(mid, prompt, n, None),
+        "ours draft": lambda: ours(mid, prompt, n, {"draft": did, "n_max": N_DRAFT}),
+        "llama-speculative-simple draft-simple": lambda: run_program(program_cmd(
+            "llama-speculative-simple", target, prompt, n, threads,
+            ["--spec-type", "draft-simple", "-md", str(draft)])),
+    }
+
+
+PAIRS = (("ours ngram-cache", "llama-lookup"), ("ours ngram-simple", "llama-speculative-simple ngram-simple"),
+         ("ours draft", "llama-speculative-simple draft-simple"))
+
+
+def report(title: str, results: dict[str, dict[str, Any]]) -> None:
+    print(f"\n{title}")
+    print(f"{'prompt class':<28}{'side':<40}{'tok/s':>8}{'accept':>8}{'x plain':>9}{'x llama.cpp':>12}")
+    for label, sides in results.items():
+        plain = sides["plain"]["tps"]
+        programs = {ours_key: prog for ours_key, prog in PAIRS if ours_key in sides}
+        for key, r in sides.items():
+            vs_plain = f"{r['tps'] / plain:.2f}" if plain and key != "plain" else ""
+            prog = programs.get(key)
+            vs_prog = f"{r['tps'] / sides[prog]['tps']:.2f}" if prog and sides[prog]["tps"] else ""
+            print(f"{label:<28}{key:<40}{r['tps']:>8.1f}{r['acceptance']:>8.2f}{vs_plain:>9}{vs_prog:>12}")
+            label = ""
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--n-predict", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=default_threads())
+    ap.add_argument("--pair", action="store_true", help="also the Qwen2.5-Coder 1.5B + 0.5B pair (heavy)")
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args()
+    model = wb.fetch_default_model()
+    out: dict[str, Any] = {"threads": args.threads, "rounds": args.rounds, "n_predict": args.n_predict}
+    mid = wb.load_model(model_path=str(model), n_threads=args.threads, n_seq_max=2, n_ctx=4096)
+    try:
+        out["ngram"] = {label: measure_class(label, args.rounds, ngram_sides(mid, model, p, args.n_predict,
+                                                                             args.threads))
+                        for label, p in PROMPTS.items()}
+    finally:
+        wb.unload(mid)
+    print(f"{model.name}, {args.threads} threads, {args.rounds} alternating rounds, {args.n_predict} tokens, "
+          f"greedy, drafts of at most {N_DRAFT}, llama.cpp {wb._native.llama_commit[:10]}")
+    report("n-gram self-speculation, default model", out["ngram"])
+    if args.pair:
+        from tests.integration.heavy_models import QWEN_CODER_05B, QWEN_CODER_15B, fetch_chunked
+
+        target, draft = fetch_chunked(QWEN_CODER_15B), fetch_chunked(QWEN_CODER_05B)
+        tid = wb.load_model(model_path=str(target), model_id="bench-target", n_threads=args.threads, n_ctx=4096)
+        did = wb.load_model(model_path=str(draft), model_id="bench-draft", n_threads=args.threads, n_ctx=4096)
+        try:
+            out["pair"] = {label: measure_class(label, args.rounds, pair_sides(tid, did, target, draft, p,
+                                                                               args.n_predict, args.threads))
+                           for label, p in PROMPTS.items()}
+        finally:
+            wb.unload(did)
+            wb.unload(tid)
+        report(f"draft model: {target.name} drafted by {draft.name}", out["pair"])
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
