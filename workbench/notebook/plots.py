@@ -247,3 +247,57 @@ def strategy_latencies(df: pd.DataFrame, *, figsize: tuple[float, float] = (9.0,
     axes[0].set_title("first token")
     axes[1].set_title("between tokens")
     return fig
+
+
+# --- speculative decoding ---------------------------------------------------------------------
+
+def speculative_acceptance(data: Iterable[Any] | pd.DataFrame, *, ax: Any = None) -> Any:
+    """Acceptance by draft position, one line per speculation kind (or per request), from
+    CompletionResults / Results or a `views.speculative_positions` frame (by kind or by
+    request); each point is accepted / tried at that position."""
+    from workbench.notebook import views
+
+    df = data if isinstance(data, pd.DataFrame) else views.speculative_positions(data)
+    fig, ax = _axes(ax)
+    group = df.index.names[0]
+    for i, (name, part) in enumerate(df.groupby(level=group, sort=False)):
+        part = part.droplevel(group)
+        ax.plot(part.index.to_numpy(), part["acceptance"].to_numpy(dtype=float, na_value=float("nan")),
+                marker=MARKERS[i % len(MARKERS)], linestyle=LINESTYLES[i % len(LINESTYLES)],
+                label=f"{group} {name}" if group == "request" else str(name))
+    if len(df):
+        positions = sorted(set(df.index.get_level_values("position")))
+        ax.set_xticks(positions if len(positions) <= 20 else positions[::-(-len(positions) // 20)])
+        ax.legend(fontsize="small")
+    ax.set_ylim(0, 1.05)
+    ax.set_xlabel("draft position (1 = first drafted token)")
+    ax.set_ylabel("acceptance (accepted / tried)")
+    ax.set_title("speculative acceptance by draft position")
+    return fig
+
+
+def speculative_speedup(data: Any, *, ax: Any = None) -> Any:
+    """Speed-up of speculative over plain decoding (decode tok/s, speculative / plain),
+    one group of bars per prompt class and a bar per setting, each labelled "1.4x"; a
+    dashed line at 1 is plain decoding. `data`: a `views.speculative_speedup` frame or the
+    runs mapping it takes."""
+    from workbench.notebook import views
+
+    df = data if isinstance(data, pd.DataFrame) else views.speculative_speedup(data)
+    fig, ax = _axes(ax)
+    table = df["speedup"].astype("Float64").unstack("setting", sort=False) if len(df) else pd.DataFrame()
+    prompts = [str(p) for p in table.index]
+    settings = [str(s) for s in table.columns]
+    width = 0.8 / max(1, len(settings))
+    for j, setting in enumerate(settings):
+        xs = [i + (j - (len(settings) - 1) / 2) * width for i in range(len(prompts))]
+        ys = table[setting].to_numpy(dtype=float, na_value=float("nan"))
+        bars = ax.bar(xs, ys, width=width, label=setting, color=f"C{j}")
+        ax.bar_label(bars, labels=["" if y != y else f"{y:.2f}x" for y in ys], fontsize="small", padding=2)
+    ax.axhline(1.0, color="#6c757d", linestyle="--", linewidth=1, label="plain decoding")
+    ax.set_xticks(range(len(prompts)), prompts)
+    ax.set_ylabel("decode tok/s, speculative / plain")
+    ax.set_xlabel("prompt")
+    ax.set_title("speed-up of speculative decoding over plain")
+    ax.legend(fontsize="small")
+    return fig

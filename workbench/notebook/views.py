@@ -1,6 +1,6 @@
-"""pandas views of what the workbench knows: counters, requests, models, sessions, and the
-KV cache's rows and tiers. Each returns a DataFrame with fixed columns and dtypes (also
-when empty) and a meaningful index.
+"""pandas views of what the workbench knows: counters, requests, models, sessions, the
+KV cache's rows and tiers, and speculative decoding's acceptance and speed-up. Each
+returns a DataFrame with fixed columns and dtypes (also when empty) and a meaningful index.
 
 The cache views take a model id (its engine's `workbench.cache.TieredCache`, through
 `model_cache`) or a TieredCache directly (the lab, tests, a cache built by hand).
@@ -8,6 +8,7 @@ The cache views take a model id (its engine's `workbench.cache.TieredCache`, thr
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import pandas as pd
@@ -206,3 +207,113 @@ def _bytes_text(value: Any) -> str:
     from workbench.units import format_bytes
 
     return format_bytes(None if pd.isna(value) else value)
+
+
+# --- speculative decoding ---------------------------------------------------------------------
+
+SPEC_OFF = "off"  # the kind of a request that ran without speculation
+
+_SPEC_DTYPES = {
+    "request": "int64", "ref": "Int64", "model": "string", "kind": "string", "steps": "int64", "drafted": "int64",
+    "accepted": "int64", "acceptance": "Float64", "draft_s": "float64", "verify_s": "float64",
+    "generated_tokens": "int64", "decode_tps": "Float64",
+}
+
+
+def speculative(results: Iterable[Any]) -> pd.DataFrame:
+    """One row per request (CompletionResults or notebook Results), indexed by its place in
+    `results` (`request`; failed ones, without stats, are left out). A request that ran
+    without speculation has kind 'off' and zero steps, so plain runs sit beside speculative
+    ones. `acceptance` = accepted / drafted (NA without drafts); `draft_s` is time in the
+    drafter, `verify_s` the decodes that carried verify rows. Keys of Stats.speculative
+    not named here are left out (they stay in `r.stats.speculative`)."""
+    rows = []
+    for i, r in enumerate(results):
+        s = getattr(r, "stats", None)
+        if s is None:
+            continue
+        spec = s.speculative or {}
+        rows.append({"request": i, "ref": getattr(r, "ref", None), "model": getattr(r, "model", None),
+                     "kind": str(spec.get("kind", SPEC_OFF)) if spec else SPEC_OFF,
+                     "steps": int(spec.get("steps", 0)), "drafted": int(spec.get("drafted", 0)),
+                     "accepted": int(spec.get("accepted", 0)), "acceptance": spec.get("acceptance"),
+                     "draft_s": float(spec.get("draft_s", 0.0)), "verify_s": float(spec.get("verify_s", 0.0)),
+                     "generated_tokens": s.generated_tokens, "decode_tps": s.decode_tps})
+    return _frame(rows, _SPEC_DTYPES, "request")
+
+
+def _position_counts(spec: dict[str, Any]) -> list[tuple[int, int]]:
+    """(tried, accepted) at each draft position of one request's Stats.speculative: a draft
+    of length L tries positions 1..L, so tried comes from draft_lengths."""
+    lengths = {int(k): int(v) for k, v in (spec.get("draft_lengths") or {}).items()}
+    longest = max((n for n, c in lengths.items() if c), default=0)
+    tried = [sum(c for n, c in lengths.items() if n > p) for p in range(longest)]
+    accepted = [int(a) for a in spec.get("accepted_by_position") or []]
+    if not accepted:  # older stats: the rates only
+        accepted = [round((rate or 0.0) * t) for rate, t in zip(spec.get("acceptance_by_position") or [], tried)]
+    accepted += [0] * (longest - len(accepted))
+    return list(zip(tried, accepted[:longest]))
+
+
+def speculative_positions(results: Iterable[Any], *, by: str = "kind") -> pd.DataFrame:
+    """Acceptance by draft position (1 = the first token of a draft): `tried` drafts that
+    reached the position, `accepted` those whose token there was accepted, and
+    `acceptance` = accepted / tried. by='kind' sums the requests of each kind, indexed
+    (kind, position); by='request' gives each request's own, indexed (request, position),
+    with its kind as a column. Requests without speculation have no positions."""
+    if by not in ("kind", "request"):
+        raise InvalidOption("by", by, "'kind' or 'request'")
+    counts: dict[tuple[Any, int], list[Any]] = {}
+    for i, r in enumerate(results):
+        s = getattr(r, "stats", None)
+        spec = (s.speculative if s is not None else None) or {}
+        kind = str(spec.get("kind", SPEC_OFF))
+        for p, (tried, accepted) in enumerate(_position_counts(spec), start=1):
+            row = counts.setdefault((kind if by == "kind" else i, p), [kind, 0, 0])
+            row[1] += tried
+            row[2] += accepted
+    rows = [{by: key, "position": p, "kind": kind, "tried": t, "accepted": a, "acceptance": a / t if t else None}
+            for (key, p), (kind, t, a) in counts.items()]
+    dtypes: dict[str, Any] = {by: "string" if by == "kind" else "int64", "position": "int64"}
+    if by == "request":
+        dtypes["kind"] = "string"
+    dtypes.update({"tried": "int64", "accepted": "int64", "acceptance": "Float64"})
+    return _frame([{k: row[k] for k in dtypes} for row in rows], dtypes, [by, "position"])
+
+
+_SPEEDUP_DTYPES = {
+    "prompt": "string", "setting": "string", "runs": "int64", "tps": "float64", "plain_tps": "Float64",
+    "speedup": "Float64", "acceptance": "Float64",
+}
+
+
+def speculative_speedup(runs: Mapping[str, Iterable[Any] | Mapping[str, Iterable[Any]]]) -> pd.DataFrame:
+    """Speed-up of speculative decoding over plain decoding of the same prompt, indexed
+    (prompt, setting). `runs` maps a prompt class to its results, either a list (settings
+    are the requests' kinds) or a dict of setting label -> results. Plain runs (kind
+    'off') are the baseline: `plain_tps` is their median decode tok/s, `tps` a setting's
+    median, `speedup` = tps / plain_tps (NA without plain runs); `acceptance` is the
+    setting's accepted / drafted over its runs; `runs` counts them."""
+    rows = []
+    for prompt, given in runs.items():
+        groups: dict[str, list[Any]] = {}
+        if isinstance(given, Mapping):
+            for label, results in given.items():
+                groups[str(label)] = list(results)
+        else:
+            for r in given:
+                s = getattr(r, "stats", None)
+                groups.setdefault(str((s.speculative or {}).get("kind", SPEC_OFF)) if s else SPEC_OFF, []).append(r)
+        frames = {label: speculative(results) for label, results in groups.items()}
+        plain = pd.concat([f for f in frames.values() if len(f) and (f["kind"] == SPEC_OFF).all()] or
+                          [speculative([])])["decode_tps"].dropna()
+        plain_tps = float(plain.median()) if len(plain) else None
+        for label, f in frames.items():
+            if not len(f) or (f["kind"] == SPEC_OFF).all():
+                continue
+            tps = float(f["decode_tps"].dropna().median())
+            drafted = int(f["drafted"].sum())
+            rows.append({"prompt": prompt, "setting": label, "runs": len(f), "tps": tps, "plain_tps": plain_tps,
+                         "speedup": tps / plain_tps if plain_tps else None,
+                         "acceptance": int(f["accepted"].sum()) / drafted if drafted else None})
+    return _frame(rows, _SPEEDUP_DTYPES, ["prompt", "setting"])
