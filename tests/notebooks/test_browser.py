@@ -288,7 +288,9 @@ def test_cancel_click_during_a_foreground_cell_and_the_live_badge(lab: tuple[Lab
         page.wait_for_function("() => { const w = document.querySelector('.jupyter-widgets .wb-state');"
                                " const b = document.querySelector('.jupyter-widgets .wb-badge');"
                                " return w && b && w.textContent === 'running' && b.textContent === 'cold'; }")
-        page.wait_for_function("() => /\\d+ of 3000 tokens/.test(document.body.innerText)")
+        # the live line: tokens of the most asked for, elapsed time, tok/s (from the second token)
+        page.wait_for_function("() => /\\d+ of 3000 tokens · [\\d.]+ s · [\\d.]+ tok\\/s/"
+                               ".test(document.body.innerText)")
         live = widget.inner_text()
         assert button.is_enabled(), "the Cancel button of a running foreground cell is not live"
         page.screenshot(path=str(ARTIFACTS / "jupyterlab-controls-running.png"))
