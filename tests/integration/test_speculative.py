@@ -23,7 +23,9 @@ CODE = ("def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\
         "def mul(a, b):\n    return a * b\n\ndef div(a, b):\n    return a / b\n")
 COPY = f"<|im_start|>user\nCopy this code exactly:\n{CODE}<|im_end|>\n<|im_start|>assistant\n"
 # short keys so drafts are frequent on free text too: the equality test must verify drafts
-EAGER = {"ngram": "simple", "size_n": 2, "size_m": 8}
+EAGER = {"ngram": "simple", "size_n": 2, "size_m": 8, "adaptive": False}
+STORY = ("<|im_start|>user\nWrite a long story about a dragon who learns to bake bread.<|im_end|>\n"
+         "<|im_start|>assistant\n")
 
 
 def chat(text: str) -> str:
@@ -83,7 +85,8 @@ def test_greedy_speculative_output_is_plain_greedy_output(spec_model, model_path
 def test_ngram_drafts_are_accepted_on_a_reply_that_repeats_the_prompt(spec_model):
     before = wb.counters()
     for kind in ("simple", "map_k", "cache"):
-        r = wb.complete(spec_model, COPY, response_tokens=96, speculative={"ngram": kind, "size_n": 3})
+        r = wb.complete(spec_model, COPY, response_tokens=96,
+                        speculative={"ngram": kind, "size_n": 3, "adaptive": False})
         s = r.stats.speculative
         assert s["kind"] == {"simple": "ngram-simple", "map_k": "ngram-map-k", "cache": "ngram-cache"}[kind]
         assert s["accepted"] > 0 and 0 < s["acceptance"] <= 1 and s["accepted"] <= s["drafted"]
@@ -96,6 +99,31 @@ def test_ngram_drafts_are_accepted_on_a_reply_that_repeats_the_prompt(spec_model
     after = wb.counters()
     assert after["spec_accepted"] > before["spec_accepted"] and after["spec_drafted"] > before["spec_drafted"]
     assert wb.complete(spec_model, COPY, response_tokens=8).stats.speculative is None
+
+
+def test_adaptive_speculation_turns_itself_off_where_drafts_are_poor(spec_model):
+    plain = wb.complete(spec_model, STORY, response_tokens=128)
+    r = wb.complete(spec_model, STORY, response_tokens=128, speculative={"ngram": "simple", "size_n": 2})
+    s = r.stats.speculative
+    assert r.tokens == plain.tokens
+    assert s["adaptive"] and s["decisions"]["off"] >= 1 and s["off_steps"] > 0
+    assert s["plain_steps"] > len(r.tokens) // 2      # most steps decoded without a draft
+    assert s["steps"] < 16 and s["plain_step_s"] > 0
+    fixed = wb.complete(spec_model, STORY, response_tokens=128,
+                        speculative={"ngram": "simple", "size_n": 2, "adaptive": False}).stats.speculative
+    assert fixed["off_steps"] == 0 and fixed["decisions"] == {"off": 0, "on": 0, "probes": 0}
+
+
+def test_accepted_draft_tokens_are_marked_in_the_stream(spec_model):
+    spec = {"ngram": "simple", "size_n": 4, "size_m": 16, "adaptive": False}
+    plain = [ev for ev in wb.stream(spec_model, COPY, response_tokens=64) if isinstance(ev, wb.TokenId)]
+    events = list(wb.stream(spec_model, COPY, response_tokens=64, speculative=spec))
+    ids = [ev for ev in events if isinstance(ev, wb.TokenId)]
+    done = events[-1]
+    assert isinstance(done, wb.Done) and [e.id for e in ids] == [e.id for e in plain] == list(done.tokens)
+    assert not any(e.draft for e in plain) and wb.TokenId(5) == wb.TokenId(5, False)
+    marked = sum(e.draft for e in ids)
+    assert 0 < marked == done.stats.speculative["accepted"] < len(ids)
 
 
 def test_stop_sequences_and_response_tokens_cut_an_accepted_run_as_plain_decoding_does(spec_model):
@@ -218,7 +246,8 @@ def draft_model(model_path):
 def test_a_draft_models_greedy_drafts_are_accepted_and_change_nothing(spec_model, draft_model):
     for prompt in PROMPTS[:3]:
         plain = wb.complete(spec_model, prompt, response_tokens=48)
-        r = wb.complete(spec_model, prompt, response_tokens=48, speculative={"draft": draft_model, "n_max": 6})
+        r = wb.complete(spec_model, prompt, response_tokens=48, speculative={"draft": draft_model, "n_max": 6,
+                                                                                   "adaptive": False})
         s = r.stats.speculative
         assert r.tokens == plain.tokens and r.finish_reason == plain.finish_reason
         assert s["kind"] == f"draft:{draft_model}" and s["acceptance"] > 0.8 and s["draft_s"] > 0
@@ -272,7 +301,7 @@ def chi_square_p(a: collections.Counter, b: collections.Counter, min_expected: f
 
 def test_sampled_speculative_tokens_follow_the_plain_distribution(spec_model):
     n, positions = 300, (3, 6, 9)
-    spec = {"ngram": "simple", "size_n": 2, "size_m": 8}
+    spec = {"ngram": "simple", "size_n": 2, "size_m": 8, "adaptive": False}
     plain: dict[int, collections.Counter] = {i: collections.Counter() for i in positions}
     fast: dict[int, collections.Counter] = {i: collections.Counter() for i in positions}
     accepted = 0

@@ -42,7 +42,8 @@ class Stats:
     seed: int | None
     cache_hit_kind: str = "cold"
     cache_delta: dict[str, int] = field(default_factory=lambda: {"read": 0, "created": 0})
-    speculative: dict[str, Any] | None = None   # speculative=: drafted, accepted, ... (engine/speculation.py)
+    # speculative=: drafted, accepted, ..., and the adaptive policy's decisions (docs/speculative.md)
+    speculative: dict[str, Any] | None = None
 
 
 @dataclass(slots=True, frozen=True)
@@ -54,9 +55,12 @@ class Token:
 
 @dataclass(slots=True, frozen=True)
 class TokenId:
-    """The id of each generated token, in order (emitted before its text)."""
+    """The id of each generated token, in order (emitted before its text). ``draft``: the
+    token was a speculative draft token the target accepted (False for a token the target
+    sampled itself, and always False without ``speculative=``)."""
 
     id: int
+    draft: bool = False
 
 
 @dataclass(slots=True, frozen=True)

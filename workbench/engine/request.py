@@ -73,8 +73,8 @@ class Request:
         self.text = ReplyText(self.opts.stop_sequences)
 
     # --- events (loop thread) ----------------------------------------------------------
-    def emit_token(self, token: int, piece: bytes) -> None:
-        self.events.put(TokenId(token))
+    def emit_token(self, token: int, piece: bytes, draft: bool = False) -> None:
+        self.events.put(TokenId(token, draft))
         assert self.text is not None
         out = self.text.push(piece)
         if out:

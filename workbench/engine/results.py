@@ -80,9 +80,10 @@ class BatchResults:
             self._table.fail(req, sampling_failed(req.opts.grammar, req.opts.json_schema, e))
         return None
 
-    def take(self, req: Request, token: int) -> str | None:
-        """A sampled token into the reply (events); the finish reason it causes, if any:
-        end-of-generation, a stop string, the token limit or the end of the context."""
+    def take(self, req: Request, token: int, draft: bool = False) -> str | None:
+        """A sampled token into the reply (events; ``draft``: an accepted draft token); the
+        finish reason it causes, if any: end-of-generation, a stop string, the token limit
+        or the end of the context."""
         now = time.perf_counter()
         if req.first_token_at is None:
             req.first_token_at = now
@@ -91,7 +92,7 @@ class BatchResults:
         req.generated.append(token)
         req.last_token_at = now
         special = req.special if isinstance(req.special, bool) else token in req.special
-        req.emit_token(token, self._model.token_to_piece(token, special))
+        req.emit_token(token, self._model.token_to_piece(token, special), draft)
         if req.text is not None and req.text.stop_hit is not None:
             return "stop"
         if len(req.generated) >= req.opts.response_tokens or req.n_past + 1 >= self._pool.ctx.n_ctx:

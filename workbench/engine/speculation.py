@@ -6,10 +6,12 @@ A request with ``speculative=`` gets a drafter the first time it generates: an
 :class:`ModelDrafter` (another loaded model's greedy reply). Each tick, before the plan:
 
 1. ``attach_drafts``: a generating speculative sequence whose feed is its last sampled
-   token asks its drafter for up to n_max tokens (bounded by the tokens it may still
-   generate and the context); the draft joins the feed, and every row of it from the last
-   token on gets logits (``Request.out_from``). The strategy plans these rows like any
-   other decode rows (it may take fewer: the rest of the draft is dropped).
+   token asks its :class:`~.spec_policy.SpecPolicy` for a draft length (at most n_max,
+   the tokens it may still generate and the context; 0 = a plain step) and its drafter for
+   that many tokens; the draft joins the feed, and every row from the last token on gets
+   logits (``Request.out_from``), a plain step's single row too, so that every step of a
+   speculative request comes back here and is timed. The strategy plans these rows like
+   any other decode rows (it may take fewer: the rest of the draft is dropped).
 2. ``apply`` after the decode: the request's own sampler samples row by row (llama.cpp's
    ``common_sampler_sample_and_accept_n``): row i's token is accepted while it equals
    draft token i; the first that differs (or the one after a fully accepted draft) is the
@@ -19,12 +21,14 @@ A request with ``speculative=`` gets a drafter the first time it generates: an
    plain decoding (events, end-of-generation, stop strings, response_tokens, n_ctx), and
    the KV of every row past the last kept token is removed (``SeqPool.trim``): the
    sequence's KV, its session's tokens and the cache rows saved at its finish hold
-   accepted tokens only.
+   accepted tokens only. Accepted draft tokens are emitted as ``TokenId(id, draft=True)``.
+   The policy is told what the step verified, accepted and cost.
 
 ``verify()`` requests (workbench/speculative.py) use the same verify rows: logits on each
 candidate row, the argmax of each kept in ``Request.argmax``.
 
-State: none across requests; each request's drafter and numbers live on the request.
+State: none across requests; each request's :class:`SpecState` (drafter, numbers,
+policy) lives on the request.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from .batch import DecodeBatch, Slice
 from .request import Request
 from .results import BatchResults
 from .seq_pool import SeqPool
+from .spec_policy import SpecPolicy
 
 COUNTER_NAMES = ("spec_steps", "spec_drafted", "spec_accepted")
 
@@ -106,12 +111,15 @@ def check_speculative(opts: SpeculativeOptions | None, target: Any, draft: Any) 
                             f"a draft model whose vocabulary matches the target's (llama.cpp: {e})") from None
 
 
-def make_drafter(req: Request, model: Any) -> NgramDrafter | ModelDrafter:
+def make_state(req: Request, model: Any) -> SpecState:
     opts = req.opts.speculative
     assert opts is not None
+    drafter: NgramDrafter | ModelDrafter
     if opts.draft is not None:
-        return ModelDrafter(req.draft_engine, opts, f"{req.model_id}/{req.ref}")
-    return NgramDrafter(model, opts, req.prompt)
+        drafter = ModelDrafter(req.draft_engine, opts, f"{req.model_id}/{req.ref}")
+    else:
+        drafter = NgramDrafter(model, opts, req.prompt)
+    return SpecState(drafter, SpecNumbers(drafter.kind), SpecPolicy(opts.n_min, opts.adaptive))
 
 
 class NgramDrafter:
@@ -124,22 +132,16 @@ class NgramDrafter:
         self.native = _native.Speculative(model, {"type": kind, "size_n": opts.size_n, "size_m": opts.size_m,
                                                   "min_hits": opts.min_hits})
         self.native.begin(0, prompt)
-        self.numbers = SpecNumbers(kind)
+        self.kind = kind
 
     def draft(self, history: list[int], last: int, pos: int, n_max: int) -> list[int]:
-        t0 = time.perf_counter()
-        tokens = list(self.native.draft(0, history, last, pos, n_max))
-        self.numbers.draft_s += time.perf_counter() - t0
-        return tokens if len(tokens) >= max(1, self.opts.n_min) else []
+        return list(self.native.draft(0, history, last, pos, n_max))
 
     def accepted(self, n: int) -> None:
         self.native.accept(0, n)
 
     def close(self) -> None:
         self.native.close()
-
-    def summary(self) -> dict[str, Any]:
-        return self.numbers.summary()
 
 
 class ModelDrafter:
@@ -150,17 +152,15 @@ class ModelDrafter:
 
     def __init__(self, engine: Any, opts: SpeculativeOptions, name: str) -> None:
         self.engine, self.opts, self.session = engine, opts, name
-        self.numbers = SpecNumbers(f"draft:{engine.model_id}")
+        self.kind = f"draft:{engine.model_id}"
         self.failures = 0
 
     def draft(self, history: list[int], last: int, pos: int, n_max: int) -> list[int]:
-        t0 = time.perf_counter()
         try:
-            tokens = self._reply(history + [last], n_max)
+            return self._reply(history + [last], n_max)
         except WorkbenchError:
-            tokens, self.failures = [], self.failures + 1
-        self.numbers.draft_s += time.perf_counter() - t0
-        return tokens if len(tokens) >= max(1, self.opts.n_min) else []
+            self.failures += 1
+            return []
 
     def _reply(self, prompt: list[int], n_max: int) -> list[int]:
         opts = RequestOptions(response_tokens=n_max, cache=False, session_id=self.session, cache_scope=DRAFT_SCOPE)
@@ -179,8 +179,38 @@ class ModelDrafter:
         except (WorkbenchError, TimeoutError):
             pass    # no session yet, or the draft model is gone: nothing to free
 
+
+@dataclass(slots=True)
+class SpecState:
+    """A speculative request's drafter, numbers and policy, and its step in flight."""
+
+    drafter: NgramDrafter | ModelDrafter
+    numbers: SpecNumbers
+    policy: SpecPolicy
+    asked: int = 0                  # draft tokens asked for this step
+    step_draft_s: float = 0.0       # this step's time in the drafter
+
+    def draft(self, history: list[int], last: int, pos: int, cap: int) -> list[int]:
+        """Up to the policy's length (0: none asked for); a draft under n_min is none."""
+        self.asked, self.step_draft_s = self.policy.next_length(cap), 0.0
+        if self.asked == 0:
+            return []
+        t0 = time.perf_counter()
+        tokens = self.drafter.draft(history, last, pos, self.asked)
+        self.step_draft_s = time.perf_counter() - t0
+        self.numbers.draft_s += self.step_draft_s
+        return tokens if len(tokens) >= self.policy.n_min else []
+
+    def close(self) -> None:
+        self.drafter.close()
+
     def summary(self) -> dict[str, Any]:
-        return self.numbers.summary()
+        return self.numbers.summary() | self.policy.summary()
+
+
+def own_time(batch: DecodeBatch) -> bool:
+    """Whether the decode's time is a decode step's: no other request's prefill chunk in it."""
+    return all(s.rows is not None or s.take == 1 for s in batch.slices)
 
 
 class Speculation:
@@ -209,12 +239,10 @@ class Speculation:
         if n_max < max(1, opts.n_min):
             return
         if req.spec is None:
-            req.spec = make_drafter(req, self._model)
+            req.spec = make_state(req, self._model)
         history = (req.prompt + req.generated)[: req.n_past]
-        draft = req.spec.draft(history, req.feed[0], req.n_past, n_max)
-        if draft:
-            req.feed.extend(draft)
-            req.out_from = req.n_past
+        req.feed.extend(req.spec.draft(history, req.feed[0], req.n_past, n_max))
+        req.out_from = req.n_past         # a plain step's one row comes back here too, timed
 
     # --- after the decode -------------------------------------------------------------------
     def apply(self, batch: DecodeBatch) -> None:
@@ -224,9 +252,9 @@ class Speculation:
             if s.request.verify_from is not None:
                 self._collect_argmax(s)
             else:
-                self._accept(s, batch.decode_s)
+                self._accept(s, batch.decode_s, own_time(batch))
 
-    def _accept(self, s: Slice, decode_s: float) -> None:
+    def _accept(self, s: Slice, decode_s: float, own: bool) -> None:
         """Sample the verify rows in order, keep the accepted run, drop the rest's KV."""
         t0 = time.perf_counter()
         req, rows = s.request, s.rows
@@ -243,21 +271,26 @@ class Speculation:
         reason, j = None, 0
         for j, token in enumerate(tokens):
             req.n_past = base + j + 1      # the KV holds the last token and the j draft tokens before
-            reason = self._results.take(req, token)
+            reason = self._results.take(req, token, draft=j < len(draft) and token == draft[j])
             if reason is not None:
                 break
         if req.n_past < base + s.take:
             self._pool.trim(req.seq, req.n_past)
         req.feed, req.out_from = [tokens[j]], None
-        self._record(req, len(draft), j, decode_s + time.perf_counter() - t0)
+        self._record(req, len(draft), j, decode_s + time.perf_counter() - t0, own)
         if reason is not None:
             self._results.finish(req, reason)
 
-    def _record(self, req: Request, n_draft: int, n_accepted: int, verify_s: float) -> None:
-        assert req.spec is not None
-        req.spec.accepted(n_accepted)
-        req.spec.numbers.record(n_draft, n_accepted)
-        req.spec.numbers.verify_s += verify_s
+    def _record(self, req: Request, n_draft: int, n_accepted: int, step_s: float, own: bool) -> None:
+        """The policy learns the step (its time only when ``own``); a verified draft counts."""
+        spec = req.spec
+        assert isinstance(spec, SpecState)
+        spec.policy.observe(spec.asked, n_draft, n_accepted, spec.step_draft_s, step_s if own else None)
+        if n_draft == 0:
+            return                         # a plain step: measured, nothing verified
+        spec.drafter.accepted(n_accepted)
+        spec.numbers.record(n_draft, n_accepted)
+        spec.numbers.verify_s += step_s
         self._counters["spec_steps"] += 1
         self._counters["spec_drafted"] += n_draft
         self._counters["spec_accepted"] += n_accepted

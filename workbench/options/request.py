@@ -60,6 +60,8 @@ class SpeculativeOptions:
     ngram: str | None = opt(None, one_of(*NGRAM_KINDS), "self-speculation from the prompt and reply so far")
     draft: str | None = opt(None, as_str(), "a loaded draft model's id")
     n_max: int = opt(16, as_int(1, 256), "most draft tokens per step")
+    adaptive: bool = opt(True, as_bool, "draft length from measured acceptance and costs, off when it does not "
+                                         "pay (engine/spec_policy.py); False = always n_max")
     n_min: int = opt(0, as_int(0, 256), "a shorter draft is not verified")
     size_n: int = opt(12, as_int(1, 1024), "n-gram drafters: tokens of the key looked up (llama.cpp's default)")
     size_m: int = opt(48, as_int(1, 1024), "n-gram drafters: tokens of the m-gram drafted (llama.cpp's default)")
