@@ -308,7 +308,8 @@ def test_ngram_flag_speculates_with_the_same_greedy_reply(shell: Any) -> None:
                           "{nbtest_copy}").success
     plain, spec = shell.user_ns["nbtest_plain"], shell.user_ns["nbtest_spec"]
     assert spec.reply == plain.reply
-    assert spec.stats.speculative is not None and spec.stats.speculative["drafted"] > 0
+    assert spec.stats.speculative is not None and spec.stats.speculative["kind"] == "ngram-cache"
+    assert plain.stats.speculative is None
     assert "choose one way" in usage_error(shell.run_cell("%%generate --draft x --ngram simple\nHi"))
     assert "needs --draft" in usage_error(shell.run_cell("%%generate --spec-n-max 3\nHi"))
     assert "is not loaded" in usage_error(shell.run_cell("%%generate --draft nbtest-nodraft\nHi"))

@@ -277,3 +277,32 @@ def test_widget_reply_equals_the_result_and_the_badge_comes_early(model: str) ->
     assert result.reply and w.reply.value == reply_html(result.reply)
     assert w.as_text().startswith(result.reply + "\n")
     assert badge_before_done and "wb-hit-cold" in badge_before_done[0]
+
+
+def test_accepted_draft_tokens_are_marked_in_the_reply() -> None:
+    w = GenerationWidget("m", throttle_s=0.0)
+    feed(w, [TokenId(1), Token("Hello"), TokenId(2, draft=True), Token(" wor"), TokenId(3, draft=True), Token("ld"),
+             TokenId(4), Token("!")])
+    assert w.reply.value == reply_html("Hello world!", segments=[("Hello", False), (" world", True), ("!", False)])
+    assert 'class="wb-draft"' in w.reply.value and ">&#x27;" not in w.reply.value
+    spec = {"kind": "ngram-simple", "drafted": 5, "accepted": 2}
+    d = Done("Hello world!", (1, 2, 3, 4), (1, 2, 3, 4), "length", None, stats(speculative=spec))  # type: ignore[arg-type]
+    feed(w, [d])
+    assert w.reply.value.count('class="wb-draft"') == 1  # still marked after the end
+    assert "speculative ngram-simple: 2 of 5 drafted tokens accepted" in w.stats.value
+    plain = GenerationWidget("m", throttle_s=0.0)
+    feed(plain, [TokenId(1), Token("Hi"), done("Hi")])
+    assert "wb-draft" not in plain.reply.value
+
+
+@pytest.mark.model
+def test_a_speculative_stream_shows_its_accepted_drafts(model: str) -> None:
+    from tests.integration.test_speculative import COPY  # a reply that copies code from its prompt
+
+    w = GenerationWidget(model, throttle_s=0.0)
+    fixed = {"ngram": "cache", "adaptive": False}  # always draft: acceptance not left to timing
+    result = transcript.consume(wb.stream(model, COPY, response_tokens=64, speculative=fixed), w)
+    spec = result.stats.speculative
+    assert spec["accepted"] > 0 and 'class="wb-draft"' in w.reply.value
+    marked = "".join(t for t, drafted in w.transcript.segments if drafted)
+    assert 0 < len(marked) < len(result.reply)  # the target's own tokens stay unmarked

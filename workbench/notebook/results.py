@@ -38,6 +38,10 @@ def stats_line(stats: Stats | None, finish_reason: str | None = None, stop_seque
                      f"{stats.generated_tokens} generated")
         delta = stats.cache_delta or {}
         parts.append(f"cache: {delta.get('read', 0)} tokens read, {delta.get('created', 0)} stored")
+        spec = getattr(stats, "speculative", None)
+        if spec:
+            parts.append(f"speculative {spec.get('kind', '')}: {spec.get('accepted', 0)} of "
+                         f"{spec.get('drafted', 0)} drafted tokens accepted")
     if finish_reason:
         parts.append(finish_words(finish_reason, stop_sequence))
     return " · ".join(parts)
@@ -56,10 +60,20 @@ def muted_html(text: str) -> str:
     return f'<span style="color:#6c757d;font-size:85%">{html.escape(text)}</span>'
 
 
-def reply_html(text: str, *, error: bool = False) -> str:
+DRAFT_COLOUR = "#d1e7dd"  # the background of reply text that came from accepted draft tokens
+
+
+def reply_html(text: str, *, error: bool = False, segments: list[tuple[str, bool]] | None = None) -> str:
+    """The reply in a <pre>; with `segments` ((text, drafted) pairs that join to `text`),
+    text from accepted draft tokens (speculative decoding) on a green background."""
     border = STATE_COLOURS["error"] if error else "#dee2e6"
+    if segments and "".join(t for t, _ in segments) == text:
+        body = "".join(f'<span class="wb-draft" style="background:{DRAFT_COLOUR}">{html.escape(t)}</span>'
+                       if drafted else html.escape(t) for t, drafted in segments)
+    else:
+        body = html.escape(text)
     return (f'<pre class="wb-reply" style="white-space:pre-wrap;word-break:break-word;margin:0.3em 0;'
-            f'padding:0.4em 0.6em;border-left:3px solid {border}">{html.escape(text)}</pre>')
+            f'padding:0.4em 0.6em;border-left:3px solid {border}">{body}</pre>')
 
 
 def state_html(state: str) -> str:

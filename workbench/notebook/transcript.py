@@ -71,13 +71,17 @@ class Transcript:
         self.first_token_at: float | None = None
         self.last_token_at: float | None = None
         self.info: dict[str, Any] = {}  # the newest request_info while it runs
+        self.segments: list[tuple[str, bool]] = []  # the streamed text: (piece, from accepted drafts)
+        self._drafted = False  # whether the newest TokenId was an accepted draft token
 
     def apply(self, ev: Any) -> str | None:
         """Take one event; return what it was ('token', 'thinking', 'done', 'error') or None."""
         if isinstance(ev, Token):
             self.text += ev.text
+            self._add_segment(ev.text)
             return "token"
         if isinstance(ev, TokenId):
+            self._drafted = bool(getattr(ev, "draft", False))
             self.last_token_at = time.monotonic()
             if self.first_token_at is None:
                 self.first_token_at = self.last_token_at
@@ -97,6 +101,19 @@ class Transcript:
             self.state = "error"
             return "error"
         return None
+
+    def _add_segment(self, text: str) -> None:
+        if self.segments and self.segments[-1][1] == self._drafted:
+            self.segments[-1] = (self.segments[-1][0] + text, self._drafted)
+        else:
+            self.segments.append((text, self._drafted))
+
+    def marked_segments(self) -> list[tuple[str, bool]] | None:
+        """The reply as (text, from accepted draft tokens) pieces, when any came from drafts
+        and the pieces still spell the reply (a chat turn's parsed content may not)."""
+        if not any(drafted for _, drafted in self.segments):
+            return None
+        return self.segments if "".join(t for t, _ in self.segments) == self.text else None
 
     def observe(self, info: dict[str, Any]) -> None:
         """Take a request_info snapshot: the hit kind once admission knows it, progress."""

@@ -219,7 +219,7 @@ class GenerationWidget:
 
     def _render_text(self) -> None:
         t = self.transcript
-        self.reply.value = reply_html(t.text, error=t.state == "error")
+        self.reply.value = reply_html(t.text, error=t.state == "error", segments=t.marked_segments())
         if t.state == "running":
             self.stats.value = muted_html(t.status_line())
 
