@@ -133,7 +133,7 @@ REQUEST_VALID: dict[str, st.SearchStrategy] = {
     "speculative": st.one_of(st.none(), st.fixed_dictionaries(
         {"ngram": st.sampled_from(["simple", "map_k", "map_k4v", "cache", "bad"])},
         optional={"n_max": small_pos, "n_min": small_pos, "size_n": small_pos, "size_m": small_pos,
-                  "min_hits": small_pos}),
+                  "min_hits": small_pos, "adaptive": st.one_of(st.booleans(), st.just("yes"))}),
         st.sampled_from([{}, {"draft": "no-such-model"}, {"ngram": "simple", "draft": "x"}, "simple", 3])),
 }
 request_opts = option_map(option_names(RequestOptions), REQUEST_VALID)
