@@ -173,3 +173,8 @@ def test_positions_from_the_rates_alone() -> None:
     rates_only = {k: v for k, v in SIMPLE.items() if k != "accepted_by_position"}
     df = views.speculative_positions([result(1, 100.0, rates_only)])
     assert list(df.loc["simple", "accepted"]) == [3, 2, 1, 1]
+
+
+def test_speedup_bars_leave_room_for_their_labels() -> None:
+    ax = plots.speculative_speedup(runs()).axes[0]
+    assert ax.get_ylim()[1] == pytest.approx(1.15 * 180 / 105)

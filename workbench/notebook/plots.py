@@ -295,9 +295,11 @@ def speculative_speedup(data: Any, *, ax: Any = None) -> Any:
         bars = ax.bar(xs, ys, width=width, label=setting, color=f"C{j}")
         ax.bar_label(bars, labels=["" if y != y else f"{y:.2f}x" for y in ys], fontsize="small", padding=2)
     ax.axhline(1.0, color="#6c757d", linestyle="--", linewidth=1, label="plain decoding")
+    top = table.max().max() if len(table) else None
+    ax.set_ylim(0, 1.15 * max(1.0, 0.0 if top is None or pd.isna(top) else float(top)))  # room for the labels
     ax.set_xticks(range(len(prompts)), prompts)
     ax.set_ylabel("decode tok/s, speculative / plain")
     ax.set_xlabel("prompt")
     ax.set_title("speed-up of speculative decoding over plain")
-    ax.legend(fontsize="small")
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
     return fig
