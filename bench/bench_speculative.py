@@ -16,7 +16,7 @@ summary, free generation. Speed is the decode rate: ours `Stats.decode_tps` (fir
 generated token), llama.cpp's its "decoded N tokens in T seconds" line (after the prompt).
 Rounds alternate the programs and ours; each figure is the median over rounds.
 
-    python bench/bench_speculative.py [--rounds 3] [--n-predict 128] [--pair] [--json out.json]
+    python bench/bench_speculative.py [--rounds 3] [--n-predict 128] [--pair] [--fixed] [--json out.json]
 """
 
 from __future__ import annotations
@@ -94,7 +94,11 @@ def program_cmd(name: str, model: Path, prompt: str, n: int, threads: int, extra
             "--top-k", "1", "--seed", "1", "-c", "4096", "--spec-draft-n-max", str(N_DRAFT), *extra]
 
 
+ADAPTIVE = {"adaptive": True}  # --fixed: {"adaptive": False} (always draft n_max)
+
+
 def ours(mid: str, prompt: str, n: int, spec: dict[str, Any] | None) -> dict[str, float]:
+    spec = None if spec is None else {**spec, **ADAPTIVE}
     r = wb.complete(mid, prompt, response_tokens=n, temperature=0, cache=False, speculative=spec)
     s = r.stats.speculative or {}
     return {"tps": r.stats.decode_tps or 0.0, "acceptance": float(s.get("acceptance") or 0.0),
@@ -157,8 +161,10 @@ def main() -> int:
     ap.add_argument("--n-predict", type=int, default=128)
     ap.add_argument("--threads", type=int, default=default_threads())
     ap.add_argument("--pair", action="store_true", help="also the Qwen2.5-Coder 1.5B + 0.5B pair (heavy)")
+    ap.add_argument("--fixed", action="store_true", help="speculate with adaptive=False (always n_max drafts)")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
+    ADAPTIVE["adaptive"] = not args.fixed
     model = wb.fetch_default_model()
     out: dict[str, Any] = {"threads": args.threads, "rounds": args.rounds, "n_predict": args.n_predict}
     mid = wb.load_model(model_path=str(model), n_threads=args.threads, n_seq_max=2, n_ctx=4096)
@@ -169,7 +175,8 @@ def main() -> int:
     finally:
         wb.unload(mid)
     print(f"{model.name}, {args.threads} threads, {args.rounds} alternating rounds, {args.n_predict} tokens, "
-          f"greedy, drafts of at most {N_DRAFT}, llama.cpp {wb._native.llama_commit[:10]}")
+          f"greedy, drafts of at most {N_DRAFT} ({'fixed' if args.fixed else 'adaptive'}), "
+          f"llama.cpp {wb._native.llama_commit[:10]}")
     report("n-gram self-speculation, default model", out["ngram"])
     if args.pair:
         from tests.integration.heavy_models import QWEN_CODER_05B, QWEN_CODER_15B, fetch_chunked
