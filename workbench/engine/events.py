@@ -62,6 +62,9 @@ class TokenId:
     id: int
     draft: bool = False
 
+    def __repr__(self) -> str:  # plain decoding's events read as before: TokenId(id=504)
+        return f"TokenId(id={self.id}, draft=True)" if self.draft else f"TokenId(id={self.id})"
+
 
 @dataclass(slots=True, frozen=True)
 class Done:
