@@ -5,6 +5,7 @@ with one line, not a traceback; the finished widget hides its Cancel button."""
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -92,6 +93,12 @@ def cancel_buttons(k: Kernel) -> list[str]:
             if st.get("_model_name") == "ButtonModel" and st.get("icon") == "stop"]
 
 
+def streaming(k: Kernel) -> bool:
+    """Some widget's live line reads 'N of 2000 tokens' with N >= 1."""
+    return any(re.search(r"\b[1-9]\d* of 2000 tokens", str(st.get("value", "")))
+               for st in k.widget_states().values())
+
+
 def wait_for(cond: Any, timeout: float) -> bool:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
@@ -107,7 +114,8 @@ def test_cancel_click_acts_while_a_foreground_cell_runs(kernel: Kernel) -> None:
     assert wait_for(lambda: (kernel.pump(), set(cancel_buttons(kernel)) - before)[1], 60)
     (button,) = set(cancel_buttons(kernel)) - before
     assert kernel.widget_states()[button].get("disabled") is False  # live, not a dead control
-    time.sleep(1.0)  # let it stream a while
+    # let it stream a while: until the live line counts generated tokens
+    assert wait_for(lambda: (kernel.pump(), streaming(kernel))[1], 60), "no token was generated"
     clicked = time.monotonic()
     kernel.click(button)
     out = kernel.wait(msg_id, timeout=60)
