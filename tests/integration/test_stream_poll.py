@@ -83,3 +83,10 @@ def test_async_for_cancelled_task_loses_no_event(model):
     assert done.finish_reason == "cancelled"
     ids = [ev.id for ev in seen + rest if isinstance(ev, wb.TokenId)]
     assert ids == list(done.tokens), "an event was lost when the awaiting task was cancelled"
+
+
+@pytest.mark.parametrize("bad", [-1.0, float("nan"), float("inf"), 1e300, "1", True])
+def test_poll_refuses_a_timeout_the_lock_would_raise_on(model, bad):
+    with wb.stream(model, "Hi", response_tokens=2) as s:
+        with pytest.raises(wb.errors.InvalidOption, match="timeout"):
+            s.poll(bad)

@@ -13,6 +13,7 @@ import threading
 from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING
 
+from ..options import check_number
 from .events import CompletionResult, Done, Error, Event
 
 if TYPE_CHECKING:
@@ -76,6 +77,8 @@ class Stream(EventEnds):
         """The next event if one comes within `timeout` seconds (0: only one already
         there; None: wait for it), else None; None also once the stream has ended. Lets a
         consumer that must stay responsive (a notebook cell) wait in short slices."""
+        if timeout is not None:  # Lock.acquire / Queue.get refuse nan, < 0 and > TIMEOUT_MAX
+            timeout = check_number("timeout", timeout, 0.0, threading.TIMEOUT_MAX, where="Stream.poll")
         if self._ended or not self._take(timeout):
             return None
         return self._seen(self._stash.popleft())

@@ -167,6 +167,16 @@ class Transcript:
             return None
         return int(info["reused_tokens"]), int(info["prefilled_tokens"]), int(info["prompt_tokens"])
 
+    def prefill_words(self) -> str | None:
+        """'2,048 of 8,192 prompt tokens (1,024 restored from cache, 1,024 computed)' while
+        the prompt is being prefilled, else None (the views' progress, one wording)."""
+        pre = self.prefill()
+        if pre is None:
+            return None
+        restored, computed, total = pre
+        return (f"{restored + computed:,} of {total:,} prompt tokens ({restored:,} restored from cache, "
+                f"{computed:,} computed)")
+
     def elapsed_s(self) -> float:
         return time.monotonic() - self.started_at
 
@@ -178,16 +188,14 @@ class Transcript:
         return (self.n_tokens - 1) / span if span > 0 else None
 
     def live_line(self) -> str:
-        """'queued · 0.3 s', 'prefill 2,048 of 8,192 prompt tokens (1,024 restored, 1,024
-        computed) · 4.1 s', or '12 of 64 tokens · 1.4 s · 45.2 tok/s'."""
+        """'queued · 0.3 s', 'prefill 2,048 of 8,192 prompt tokens (1,024 restored from cache,
+        1,024 computed) · 4.1 s', or '12 of 64 tokens · 1.4 s · 45.2 tok/s'."""
         elapsed = f"{self.elapsed_s():.1f} s"
         if self.info.get("phase") == "queued":
             return f"queued · {elapsed}"
-        pre = self.prefill()
-        if pre is not None:
-            restored, computed, total = pre
-            return (f"prefill {restored + computed:,} of {total:,} prompt tokens ({restored:,} restored, "
-                    f"{computed:,} computed) · {elapsed}")
+        words = self.prefill_words()
+        if words is not None:
+            return f"prefill {words} · {elapsed}"
         most = self.info.get("response_tokens")
         n = f"{self.n_tokens} of {most}" if most is not None else f"{self.n_tokens}"
         line = f"{n} token{'' if self.n_tokens == 1 and most is None else 's'} · {elapsed}"

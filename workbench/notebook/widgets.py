@@ -233,8 +233,7 @@ class GenerationWidget:
         self.progress.max = max(1, total)
         self.progress.value = min(total, restored + computed)
         self.progress_row.layout.display = None
-        self.progress_label.value = muted_html(f"{restored + computed:,} of {total:,} prompt tokens "
-                                               f"({restored:,} restored from cache, {computed:,} computed)")
+        self.progress_label.value = muted_html(t.prefill_words() or "")
 
     def _render_thinking(self) -> None:
         t = self.transcript
@@ -275,13 +274,11 @@ class TextView:
     def observe(self, info: dict[str, Any]) -> None:
         t = self.transcript
         t.observe(info)
-        pre = t.prefill()
-        if pre is not None and t.elapsed_s() >= self.progress_delay_s:
-            restored, computed, total = pre
+        words = t.prefill_words()
+        if words is not None and t.elapsed_s() >= self.progress_delay_s:
             self._progress_shown = True
-            self._write(f"\r[prefill] {restored + computed:,} of {total:,} prompt tokens "
-                        f"({restored:,} restored from cache, {computed:,} computed)")
-        elif pre is None:
+            self._write(f"\r[prefill] {words}")
+        elif words is None:
             self._end_progress()
 
     def _end_progress(self) -> None:
