@@ -185,3 +185,17 @@ def row_key_from_bytes(namespace_digest: bytes, raw: bytes) -> str:
 def digest_of(namespace: CacheNamespace | bytes) -> bytes:
     """The namespace digest, given a namespace or the digest itself."""
     return namespace if isinstance(namespace, bytes) else namespace.digest()
+
+
+def chunk_keys(namespace_digest: bytes, tokens: Tokens, chunk_size: int) -> list[bytes]:
+    """Keys of the chunks a row of `tokens` is stored as: the full chunks' chained hashes
+    (exactly `block_hashes`), then the tail chunk's, hashed the same way over its shorter
+    bytes. A chunk's key therefore names (namespace, parent chunk key, its tokens): a prefix
+    shared by many rows has the same chunk keys in all of them and is stored once.
+    """
+    raw = token_bytes(tokens)
+    keys = chain_hashes(namespace_digest, raw, chunk_size)
+    tail = raw[4 * chunk_size * len(keys):]
+    if tail:
+        keys.append(block_digest((keys[-1] if keys else namespace_digest) + tail))
+    return keys
