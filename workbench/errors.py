@@ -191,6 +191,20 @@ class DecodeTimeout(WorkbenchError, TimeoutError):
     """One native decode step ran past decode_budget_ms and was aborted."""
 
 
+class RequestTimeout(WorkbenchError, TimeoutError):
+    """A request ran past its ``timeout_s`` (queued + whole request) or ``token_timeout_s``
+    (between tokens); the engine cancelled it and freed its sequence. ``option`` names which
+    limit, ``phase`` where the request was (queued, prefilling, generating)."""
+
+    def __init__(self, ref: int, option: str, limit_s: float, elapsed_s: float, phase: str,
+                 generated_tokens: int) -> None:
+        self.ref, self.option, self.limit_s, self.elapsed_s = ref, option, limit_s, elapsed_s
+        self.phase, self.generated_tokens = phase, generated_tokens
+        what = "since its last token" if option == "token_timeout_s" else "since it was submitted"
+        super().__init__(f"request {ref} ran past {option}={limit_s:g} s ({elapsed_s:.3f} s {what}, "
+                         f"while {phase}, {generated_tokens} tokens generated); it was cancelled")
+
+
 class DecodeFailed(WorkbenchError, RuntimeError):
     """llama_decode returned an error code (rc is llama.cpp's)."""
 
@@ -228,3 +242,24 @@ class NoChatTemplate(WorkbenchError, ValueError):
         self.model_id = model_id
         super().__init__(f"model {model_id!r} has no chat template in its GGUF metadata; pass "
                          "chat_template='<jinja template>' or build the prompt yourself and use complete()")
+
+
+# --- cluster (workbench.cluster) ----------------------------------------------------------
+
+class ReplicaDown(WorkbenchError, RuntimeError):
+    """A cluster replica (a Ray actor owning one engine) died, is restarting, or every
+    replica is down; ``replica`` names it ('' when none is up)."""
+
+    def __init__(self, replica: str, detail: str) -> None:
+        self.replica, self.detail = replica, detail
+        super().__init__(f"replica {replica!r}: {detail}" if replica else detail)
+
+
+class SessionLost(NoSession):
+    """The replica that held this session died (or restarted): its live KV went with it.
+    A NoSession, so code that handles a missing session handles this too."""
+
+    def __init__(self, session_id: object, replica: str) -> None:
+        self.session_id, self.replica = session_id, replica
+        LookupError.__init__(self, f"session {session_id!r} was lost with replica {replica!r} (it died or "
+                                   "restarted); start the conversation again with its whole prompt")
