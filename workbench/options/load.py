@@ -3,12 +3,11 @@ to, with the relations between settings that llama.cpp asserts on checked first.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import InvalidOption
-from .rules import as_bool, as_int, as_str, default_threads, one_of, opt
+from .rules import as_bool, as_int, as_marker_pair, as_str, default_threads, one_of, opt
 
 KV_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 
@@ -28,18 +27,6 @@ def _batch_strategy(key: str, v: Any, where: str) -> Any:
         raise InvalidOption(key, v, "one of " + ", ".join(repr(c) for c in BATCH_STRATEGIES)
                             + ", or an object with a plan(active, budget) method", where)
     return v
-
-
-def _thinking_markers(key: str, v: Any, where: str) -> Any:
-    """{'start': str, 'end': str}; both non-empty. Kept as a plain dict copy."""
-    if v is None:
-        return None
-    expected = "a dict {'start': str, 'end': str} of non-empty strings, or None"
-    if not isinstance(v, Mapping) or set(v) != {"start", "end"}:
-        raise InvalidOption(key, v, expected, where)
-    if not all(isinstance(v[k], str) and v[k] for k in ("start", "end")):
-        raise InvalidOption(key, v, expected, where)
-    return {"start": v["start"], "end": v["end"]}
 
 
 def _signing_key(key: str, v: Any, where: str) -> Any:
@@ -86,7 +73,7 @@ class LoadConfig:
         "check": _batch_strategy, "doc": "which rows each decode carries: 'decode_first', 'prefill_first', "
                                         "'round_robin', or an object with plan(active, budget)"})
 
-    thinking_markers: dict[str, str] | None = opt(None, _thinking_markers,
+    thinking_markers: dict[str, str] | None = opt(None, as_marker_pair,
                                                   "{'start', 'end'} of reasoning blocks; None = the template's")
     thinking_signing_key: bytes | None = field(default=None, repr=False, metadata={
         "check": _signing_key, "doc": "HMAC-SHA256 key signing thinking blocks; None = unsigned ('')"})

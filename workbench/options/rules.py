@@ -162,6 +162,18 @@ def as_str_list(key: str, v: Any, where: str) -> Any:
     return tuple(v)
 
 
+def as_marker_pair(key: str, v: Any, where: str) -> Any:
+    """{'start': str, 'end': str} of non-empty strings (thinking markers), or None; a plain dict copy."""
+    if v is None:
+        return None
+    expected = "a dict {'start': str, 'end': str} of non-empty strings, or None"
+    if not isinstance(v, Mapping) or set(v) != {"start", "end"}:
+        raise InvalidOption(key, v, expected, where)
+    if not all(isinstance(v[k], str) and v[k] for k in ("start", "end")):
+        raise InvalidOption(key, v, expected, where)
+    return {"start": v["start"], "end": v["end"]}
+
+
 def as_json_object(key: str, v: Any, where: str) -> Any:
     import json
 
