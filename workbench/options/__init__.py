@@ -12,11 +12,11 @@ range (:class:`~workbench.errors.InvalidOption`) and names both. Defaults follow
 
 from .load import (BATCH_STRATEGIES, DEFAULT_EMBED_N_CTX, DEFAULT_N_CTX, KV_CACHE_TYPES, LoadConfig, context_params,
                    embed_params)
-from .request import NGRAM_KINDS, ChatOptions, RequestOptions, SpeculativeOptions
+from .request import NGRAM_KINDS, ChatOptions, RequestOptions, SpeculativeOptions, ThinkingOptions
 from .rules import (INT32_MAX, build, check_bool, check_int, check_number, check_scope, check_session_id,
                     default_threads, opt, option_names)
 
 __all__ = ["BATCH_STRATEGIES", "DEFAULT_EMBED_N_CTX", "DEFAULT_N_CTX", "INT32_MAX", "KV_CACHE_TYPES", "NGRAM_KINDS",
-           "ChatOptions", "LoadConfig", "RequestOptions", "SpeculativeOptions", "build", "check_bool", "check_int",
+           "ChatOptions", "LoadConfig", "RequestOptions", "SpeculativeOptions", "ThinkingOptions", "build", "check_bool", "check_int",
            "check_number", "check_scope", "check_session_id", "context_params", "default_threads", "embed_params",
            "opt", "option_names"]

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InvalidOption
-from .rules import (INT32_MAX, as_bool, as_float, as_int, as_json_object, as_json_schema, as_scope,
-                    as_session_id, as_str, as_str_list, build, one_of, opt)
+from .rules import (INT32_MAX, as_bool, as_float, as_int, as_json_object, as_json_schema, as_marker_pair, as_scope,
+                    as_session_id, as_str, as_str_list, build, check_number, one_of, opt)
 
 def _tool_choice(key: str, v: Any, where: str) -> Any:
     """'auto' | 'none' | 'required' | {'type': 'function', 'function': {'name': str}}."""
@@ -47,6 +47,16 @@ def _render_special(key: str, v: Any, where: str) -> Any:
         return tuple(v)
     raise InvalidOption(key, v, "True, False or a list of special-token strings (e.g. ['<think>', '</think>'])",
                         where)
+
+
+def _seconds(key: str, v: Any, where: str) -> Any:
+    """None (no limit) or a finite number of seconds > 0."""
+    if v is None:
+        return None
+    expected = "a number of seconds > 0, or None"
+    if check_number(key, v, where=where, what=expected) <= 0:
+        raise InvalidOption(key, v, expected, where)
+    return float(v)
 
 
 NGRAM_KINDS = {"simple": "ngram-simple", "map_k": "ngram-map-k", "map_k4v": "ngram-map-k4v", "cache": "ngram-cache"}
@@ -113,6 +123,31 @@ class RequestOptions:
     add_special: bool = opt(True, as_bool, "text prompts: add BOS as the vocab says")
     parse_special: bool = opt(True, as_bool, "text prompts: parse special tokens in the text")
     speculative: SpeculativeOptions | None = opt(None, _speculative, "speculative decoding (docs/speculative.md)")
+    timeout_s: float | None = opt(None, _seconds, "cancel with RequestTimeout past this long from submission "
+                                                  "(queue wait included); None = no limit")
+    token_timeout_s: float | None = opt(None, _seconds, "cancel with RequestTimeout when the next token takes longer "
+                                                        "(the first: from admission, prefill included)")
+
+
+def _thinking_switch(key: str, v: Any, where: str) -> Any:
+    """True / False, or chat's spelling 'enabled' / 'disabled'."""
+    if isinstance(v, bool):
+        return v
+    if v in ("enabled", "disabled"):
+        return v == "enabled"
+    raise InvalidOption(key, v, "True or False (or 'enabled' / 'disabled')", where)
+
+
+@dataclass(slots=True, frozen=True)
+class ThinkingOptions:
+    """Thinking on a raw stream() / complete() (chat has its own, in ChatOptions): the
+    facade splits the reply's reasoning block into Thinking / ThinkingEnd events."""
+
+    thinking: bool = opt(False, _thinking_switch, "split the reasoning block out as Thinking / ThinkingEnd")
+    thinking_budget_tokens: int | None = opt(None, as_int(0, none_ok=True),
+                                             "close the block after this many tokens (sets reasoning_budget)")
+    thinking_markers: dict[str, str] | None = opt(None, as_marker_pair,
+                                                  "{'start', 'end'}; None = the load option's, else the template's")
 
 
 @dataclass(slots=True, frozen=True)
