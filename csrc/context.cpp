@@ -76,6 +76,7 @@ Context::Context(std::shared_ptr<Model> model_, const py::dict & params) : model
     cp.embeddings = get_param<bool>(params, "embeddings", false);
     cp.kv_unified = get_param<bool>(params, "kv_unified", true);
     cp.no_perf = true;
+    apply_context_options(cp, params);  // offload_kqv, swa_full, RoPE/YaRN (load_options.cpp)
     const std::string fa = get_param<std::string>(params, "flash_attn", "auto");
     if (fa == "auto") cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_AUTO;
     else if (fa == "on") cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_ENABLED;

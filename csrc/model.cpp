@@ -61,11 +61,14 @@ void clear_recent_log() {
     g_log_partial.clear();
 }
 
-Model::Model(const std::string & path_, int n_gpu_layers, bool use_mmap, bool vocab_only) : path(path_) {
+Model::Model(const std::string & path_, int n_gpu_layers, bool use_mmap, bool vocab_only, const py::dict & options)
+    : path(path_) {
     llama_model_params params = llama_model_default_params();
     params.n_gpu_layers = n_gpu_layers;
     params.vocab_only = vocab_only;
     params.load_mode = use_mmap ? params.load_mode : LLAMA_LOAD_MODE_NONE;
+    std::vector<float> split;  // llama.cpp copies tensor_split during the load
+    apply_model_options(params, options, split);  // an explicit load_mode wins over use_mmap
     {
         py::gil_scoped_release release;
         clear_recent_log();
@@ -272,8 +275,10 @@ void bind_model(py::module_ & m) {
     m.def("recent_log", &recent_log, "The last warning/error lines llama.cpp logged.");
 
     py::class_<Model, std::shared_ptr<Model>>(m, "Model")
-        .def(py::init<const std::string &, int, bool, bool>(), py::arg("path"), py::arg("n_gpu_layers") = 0,
-             py::arg("use_mmap") = true, py::arg("vocab_only") = false)
+        .def(py::init<const std::string &, int, bool, bool, const py::dict &>(), py::arg("path"),
+             py::arg("n_gpu_layers") = 0, py::arg("use_mmap") = true, py::arg("vocab_only") = false,
+             py::arg("options") = py::dict(),
+             "options: split_mode, main_gpu, tensor_split, load_mode (llama.cpp's names; absent = default)")
         .def_readonly("path", &Model::path)
         .def("close", &Model::close)
         .def_property_readonly("closed", &Model::closed)
@@ -299,6 +304,12 @@ void bind_model(py::module_ & m) {
         .def_property_readonly("n_head_kv", [](const Model & self) { return llama_model_n_head_kv(self.get()); })
         .def_property_readonly("size", [](const Model & self) { return llama_model_size(self.get()); })
         .def_property_readonly("n_params", [](const Model & self) { return llama_model_n_params(self.get()); })
+        .def_property_readonly("quant_tag", [](const Model & self) {
+            std::string name = llama_ftype_name(llama_model_ftype(self.get()));  // e.g. "Q4_K - Medium"
+            const std::string guessed = "(guessed) ";
+            if (name.rfind(guessed, 0) == 0) name.erase(0, guessed.size());
+            return name;
+        }, "The file's quantisation as llama.cpp names it (llama_ftype_name), e.g. 'Q4_1'.")
         .def_property_readonly("desc", [](const Model & self) {
             char buf[256];
             int n = llama_model_desc(self.get(), buf, sizeof(buf));

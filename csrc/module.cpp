@@ -41,6 +41,7 @@ PYBIND11_MODULE(_native, m) {
     wb::bind_chat(m);
     wb::bind_embed(m);
     wb::bind_speculative(m);
+    wb::bind_devices(m);
 }
 
 namespace wb {

@@ -62,7 +62,10 @@ size_t viable_tokens(llama_sampler * grammar, const llama_vocab * vocab, std::ve
 // Owns a llama_model. Read-only after load, so tokenize/detokenize are safe from any thread.
 class Model {
 public:
-    Model(const std::string & path, int n_gpu_layers, bool use_mmap, bool vocab_only);
+    // options: the placement and load-mode load options (split_mode, main_gpu, tensor_split,
+    // load_mode; see apply_model_options), absent keys at llama.cpp's defaults.
+    Model(const std::string & path, int n_gpu_layers, bool use_mmap, bool vocab_only,
+          const py::dict & options = py::dict());
     ~Model();
     Model(const Model &) = delete;
     Model & operator=(const Model &) = delete;
@@ -150,6 +153,12 @@ private:
 
 void check_seq(const Context & ctx, llama_seq_id seq);
 
+// The load options that reach llama_model_params / llama_context_params beyond the basics
+// (load_options.cpp): absent or None keys keep llama.cpp's defaults; a bad value is a
+// ValueError naming the option. split_storage keeps tensor_split alive during the load.
+void apply_model_options(llama_model_params & mp, const py::dict & options, std::vector<float> & split_storage);
+void apply_context_options(llama_context_params & cp, const py::dict & params);
+
 // llama_init_from_model with the GIL released; NativeError carrying llama.cpp's log if it fails.
 llama_context * init_context(llama_model * model, const llama_context_params & params, const char * what);
 
@@ -161,5 +170,6 @@ void bind_adapter(py::module_ & m);
 void bind_chat(py::module_ & m);
 void bind_embed(py::module_ & m);
 void bind_speculative(py::module_ & m);
+void bind_devices(py::module_ & m);
 
 }  // namespace wb
