@@ -8,11 +8,11 @@
 - ``table`` (request_table.RequestTable): pending, active and live requests, and retiring;
 - ``adapters`` (adapter_ops.AdapterSet), ``saves`` (cache_saves.SavePoints),
   ``admission`` (admission.Admission), ``results`` (results.BatchResults: sampling, events,
-  finishing), ``recovery`` (recovery.Recovery);
+  finishing), ``recovery`` (recovery.Recovery), ``timeouts`` (timeouts.Timeouts);
 - ``strategy`` (scheduler: the load option ``batch_strategy``).
 
-Each tick runs queued commands, admits queued requests, finishes cancelled ones, then three
-steps: plan the batch (the strategy, its plan checked), run the native decode (GIL
+Each tick runs queued commands, admits queued requests, finishes cancelled and timed-out ones, then
+three steps: plan the batch (the strategy, its plan checked), run the native decode (GIL
 released, within ``decode_budget_ms``), apply the results (sampling, events, save points).
 Other threads talk to the loop only through the admission queue, the command queue, a
 request's cancel flag, and plain attributes they read without waiting on the loop.
@@ -64,14 +64,14 @@ from .seq_pool import SeqPool
 from .session_commands import SessionCommands
 from .speculation import COUNTER_NAMES as SPEC_COUNTERS, Speculation, check_speculative
 from .sessions import SessionTable, common_prefix
+from .timeouts import COUNTER_NAMES as TIMEOUT_COUNTERS, Timeouts
 
 COMMAND_TIMEOUT_S = 5.0
 COUNTER_NAMES = ("decode_calls", "decoded_tokens", "decode_aborted", "decode_timeouts", "finished_stop",
                  "finished_length", "finished_cancelled", *(kind.counter for kind in HitKind),
                  "sessions_reclaimed", "sessions_reset", "cache_restore_failed", "cache_seq_not_cleared",
                  "cache_saves_dropped", "cache_evicted_sessions", "adapter_changes", "bad_batch_plans",
-                 *SPEC_COUNTERS)
-
+                 *SPEC_COUNTERS, *TIMEOUT_COUNTERS)
 
 
 class Closable(Protocol):
@@ -126,6 +126,7 @@ class Engine:
         self.recovery = Recovery(self.pool, self.table, self.adapters, counters, cfg.decode_budget_ms)
         self.results = BatchResults(self.model, self.pool, self.table, self.saves, counters)
         self.speculation = Speculation(self.model, self.pool, self.results, counters)
+        self.timeouts = Timeouts(self.table, counters, lock)
 
     # --- construction ------------------------------------------------------------------
     @classmethod
@@ -356,6 +357,7 @@ class Engine:
         self._admit()
         for req in [r for r in self.table.active if r.cancel_requested]:
             self.results.finish(req, "cancelled")
+        self.timeouts.check()
         batch = self._plan()
         if batch is None:
             return

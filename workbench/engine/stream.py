@@ -22,9 +22,11 @@ if TYPE_CHECKING:
 
 
 class EventEnds:
-    """What every event handle tracks: the Done (``done``) and whether the stream ended."""
+    """What every event handle tracks: the Done (``done``) or the Error's reason (``error``)
+    and whether the stream ended."""
 
     done: Done | None
+    error: BaseException | None = None
     _ended: bool
 
     @property
@@ -37,6 +39,7 @@ class EventEnds:
             self.done = ev
             self._ended = True
         elif isinstance(ev, Error):
+            self.error = ev.reason
             self._ended = True
         return ev
 
@@ -153,6 +156,8 @@ class Stream(EventEnds):
                     self.done = ev
                 elif isinstance(ev, Error):
                     raise ev.reason
+        if self.error is not None:  # its Error was already handed out: a failed stream never reads as done
+            raise self.error
         assert self.done is not None
         return CompletionResult.from_done(self.done, self.model, self.ref)
 
