@@ -89,6 +89,16 @@ class LoadError(WorkbenchError, RuntimeError):
     """llama.cpp refused a file that passed our own checks, or a context could not be made."""
 
 
+class NoGPU(WorkbenchError, RuntimeError):
+    """A GPU fact was asked for (``vram_info``) on a machine or build with no GPU device."""
+
+    def __init__(self, devices: list[str] | tuple[str, ...]) -> None:
+        self.devices = tuple(devices)
+        super().__init__("no GPU: llama.cpp sees only " + (", ".join(self.devices) or "no devices")
+                         + " (a CPU-only build or no GPU on this machine; GPU builds: "
+                         "CMAKE_ARGS=\"-DWORKBENCH_CUDA=ON\" make build)")
+
+
 class ModelFetchError(WorkbenchError, RuntimeError):
     """The default model could not be fetched or did not verify."""
 
