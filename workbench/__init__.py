@@ -23,6 +23,8 @@ from .engine.stream import Stream
 from .speculative import draft_tokens, verify
 from .pressure import pressure, pressure_sources, start_pressure_monitor, stop_pressure_monitor
 from .models import DEFAULT_MODEL, default_model_path, fetch_default_model
+from .machine import vram_info
+from .options.kinds import option_names
 
 __version__ = _native.__version__
 
@@ -39,6 +41,7 @@ __all__ = [
     "pressure", "pressure_sources", "start_pressure_monitor", "stop_pressure_monitor",
     "list_adapters", "load_adapter", "set_adapter_scale", "unload_adapter",
     "draft_tokens", "verify",
+    "option_names", "vram_info",
 ]
 
 

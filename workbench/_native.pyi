@@ -15,6 +15,12 @@ class NativeError(RuntimeError): ...
 def system_info() -> str: ...
 def max_devices() -> int: ...
 def supports_gpu_offload() -> bool: ...
+def devices() -> list[dict[str, Any]]:
+    """ggml's backend devices: name, description, kind ('cpu' | 'gpu' | 'igpu' | 'accel' | 'meta'),
+    free and total bytes as the backend reports them."""
+def memory_breakdown(ctx: Context) -> list[dict[str, Any]]:
+    """Where a context's bytes live, per buffer type: buffer, device (None: host), kind, host,
+    model, context (KV cache) and compute bytes (llama.cpp's memory breakdown)."""
 def gguf_context_length(path: str) -> int: ...
 def gguf_check(path: str) -> str | None:
     """None if path is a structurally sound GGUF file, else what is wrong with it."""
@@ -40,9 +46,13 @@ class Model:
     size: int
     n_params: int
     desc: str
+    quant_tag: str  # llama_ftype_name of the file, e.g. 'Q4_1'
     chat_template: str | None
     max_piece_bytes: int  # the longest token piece (specials included), in bytes
-    def __init__(self, path: str, n_gpu_layers: int = 0, use_mmap: bool = True, vocab_only: bool = False) -> None: ...
+    def __init__(self, path: str, n_gpu_layers: int = 0, use_mmap: bool = True, vocab_only: bool = False,
+                 options: dict[str, Any] = ...) -> None:
+        """options: split_mode ('none' | 'layer' | 'row'), main_gpu, tensor_split (<= 16 floats),
+        load_mode (llama_load_mode's names; wins over use_mmap); absent or None = llama.cpp's default."""
     def close(self) -> None: ...
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]: ...
     def token_to_piece(self, token: int, special: bool = False) -> bytes: ...
@@ -59,7 +69,10 @@ class Context:
     n_seq_max: int
     n_threads: int
     abort_reason: str
-    def __init__(self, model: Model, params: dict[str, Any]) -> None: ...
+    def __init__(self, model: Model, params: dict[str, Any]) -> None:
+        """params: n_ctx, n_batch, n_ubatch, n_seq_max, n_threads, n_threads_batch, flash_attn, type_k,
+        type_v, embeddings, kv_unified; offload_kqv, swa_full and the RoPE/YaRN overrides
+        (rope_scaling_type, rope_freq_base, rope_freq_scale, yarn_*: absent or None = the model's)."""
     def close(self) -> None: ...
     def decode(self, tokens: list[int], pos: list[int], seq: list[int], logits: list[int],
                budget_ms: float = 0.0) -> int:

@@ -17,18 +17,23 @@ from .errors import InvalidOption
 from .options import check_bool, check_int, check_number
 
 
-def configure_cache(tiers: Sequence[Mapping[str, Any]], policy: Any = "frecency") -> dict[str, Any]:
+def configure_cache(tiers: Sequence[Mapping[str, Any]], policy: Any = "frecency", writer_workers: int = 2,
+                    writer_queue: int = 8) -> dict[str, Any]:
     """Replace the cache with these tiers (fastest first), e.g.
     ``[{'kind': 'ram', 'budget_bytes': 2**30}, {'kind': 'shm', 'budget_bytes': 4 * 2**30},
     {'kind': 'disk', 'root': '~/kv', 'budget_bytes': 50 * 2**30}]``. Persistent tiers are
-    scanned: valid rows from before a restart are adopted, corrupt files removed and counted."""
+    scanned: valid rows from before a restart are adopted, corrupt files removed and counted.
+    Background saves run on ``writer_workers`` threads, at most ``writer_queue`` queued or
+    running (a save past that is dropped and counted as saves_dropped)."""
     if isinstance(tiers, (Mapping, str, bytes)) or not isinstance(tiers, Sequence) or not tiers:
         raise InvalidOption("tiers", tiers, "a non-empty list of tier dicts", "cache")
     _check_policy("policy", policy, none_ok=False)
+    check_int("writer_workers", writer_workers, 1, 64, where="cache")
+    check_int("writer_queue", writer_queue, 1, 65536, where="cache")
     for i, spec in enumerate(tiers):
         if isinstance(spec, Mapping):
             _check_tier_names(f"tiers[{i}].", spec.get("name"), spec.get("policy"))
-    return shared.configure(tiers, policy).info()
+    return shared.configure(tiers, policy, writer_workers, writer_queue).info()
 
 
 def _check_policy(key: str, policy: Any, none_ok: bool = True) -> None:

@@ -16,14 +16,13 @@ from ..options import ChatOptions
 from .messages import normalize_messages, normalize_tools
 from .probe import check_template
 
-_TEMPLATES_PER_MODEL = 8
-
-
 class TemplateCache:
-    """A model's parsed ChatTemplates by source (None: the GGUF's own), the most recently
-    used kept; owned by the model's engine (`Engine.attachment`)."""
+    """A model's parsed ChatTemplates by source (None: the GGUF's own), the ``size`` most
+    recently used kept (the load option ``chat_template_cache``); owned by the model's
+    engine (`Engine.attachment`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, size: int = 8) -> None:
+        self.size = size
         self.lock = threading.Lock()
         self.by_source: collections.OrderedDict[str | None, Any] = collections.OrderedDict()
 
@@ -37,7 +36,7 @@ class TemplateCache:
     def put(self, source: str | None, tmpls: Any) -> None:
         with self.lock:
             self.by_source[source] = tmpls
-            while len(self.by_source) > _TEMPLATES_PER_MODEL:
+            while len(self.by_source) > self.size:
                 self.by_source.popitem(last=False)
 
     def close(self) -> None:
@@ -47,7 +46,7 @@ class TemplateCache:
 
 def templates_for(engine: Any, override: str | None = None) -> Any:
     """The model's parsed ChatTemplates (built once per model and template source)."""
-    cache = engine.attachment("chat_templates", TemplateCache)
+    cache = engine.attachment("chat_templates", lambda: TemplateCache(engine.cfg.chat_template_cache))
     hit = cache.get(override)
     if hit is not None:
         return hit

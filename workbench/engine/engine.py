@@ -45,7 +45,7 @@ from ..errors import (
 )
 from ..models import check_model_file, fingerprint
 from ..models.probe import probe
-from ..options import LoadConfig, RequestOptions
+from ..options import LoadConfig, RequestOptions, model_params
 from .adapter_ops import AdapterSet, AdapterSlot
 from .admission import Admission
 from .batch import DecodeBatch, build_batch, view_of
@@ -141,7 +141,7 @@ class Engine:
         # in a child process first: llama.cpp aborts the process on many malformed files
         probe(path, fingerprint(path), cfg)
         try:
-            native_model = _native.Model(str(path), n_gpu, cfg.use_mmap, False)
+            native_model = _native.Model(str(path), n_gpu, cfg.use_mmap, False, model_params(cfg))
         except _native.NativeError as e:
             raise LoadError(str(e)) from None
         try:

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import _native
+from ..machine import vram_estimate_b
 from .scheduler import strategy_name
 
 
@@ -34,6 +35,10 @@ def model_facts(eng: Any, live: dict[str, int]) -> dict[str, Any]:
         "path": str(eng.path),
         "fingerprint": eng.fingerprint,
         "desc": m.desc,
+        "quant_tag": m.quant_tag,
+        "loaded_at": eng.loaded_at,
+        "vram_estimate_b": vram_estimate_b(c),
+        "last_cache_hit": None if eng.last_hit is None else dict(eng.last_hit),
         "n_params": m.n_params,
         "size_bytes": m.size,
         "n_vocab": m.n_vocab,

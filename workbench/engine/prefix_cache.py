@@ -20,6 +20,7 @@ from typing import Any
 from .. import _native
 from ..cache import CacheNamespace, CorruptReason, HitKind, SaveReason, TieredCache, row_key
 from ..cache.shared import shared_cache
+from ..options import ROPE_KEYS
 
 # --- restoring a sequence's state ---------------------------------------------------------
 
@@ -71,7 +72,9 @@ class EngineCache:
         # the KV layout, and what computed it: another llama.cpp build (kernels, state format)
         # or backend gives other bits, so its rows would break warm == cold
         backend = "cuda" if _native.cuda and ctx_params.get("n_gpu_layers", 0) != 0 else "cpu"
-        self.kv_params = tuple(sorted([*((k, ctx_params[k]) for k in ("type_k", "type_v", "flash_attn")),
+        # RoPE/YaRN overrides rotate K differently: part of the layout when set (absent: defaults)
+        layout = ("type_k", "type_v", "flash_attn", *(k for k in ROPE_KEYS if k in ctx_params))
+        self.kv_params = tuple(sorted([*((k, ctx_params[k]) for k in layout),
                                        ("llama_commit", _native.llama_commit), ("backend", backend)]))
         self.counters = counters
         self.adapters: tuple[tuple[str, float], ...] = ()

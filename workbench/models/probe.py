@@ -7,7 +7,7 @@ process (SIGABRT), i.e. the user's notebook kernel. Context settings can do the 
 (`n_batch` below `n_seq_max`, an embedding batch that does not split evenly across its
 sequences): options.py validates the relations it knows, and this catches the rest the only
 general way there is. A child process loads the file as `load_model` would, creates the
-context with the same settings (n_ctx, n_batch, n_ubatch, n_seq_max, threads, flash
+context with the same settings (placement and load mode, n_ctx, n_batch, n_ubatch, n_seq_max, threads, flash
 attention, KV types; the adapter attached), decodes a few tokens and one row per sequence,
 and makes the embedding context and embeds once. If the child is killed by a signal (other
 than SIGKILL, which is the OOM killer's) the load is refused, quoting llama.cpp's last
@@ -36,7 +36,8 @@ from typing import Any
 from .. import _native
 from ..child_probe import clear, cleared, signal_name
 from ..errors import InvalidOption, ModelFileError
-from ..options import LoadConfig
+from ..machine import check_placement
+from ..options import CONTEXT_KEYS, LoadConfig
 
 log = logging.getLogger(__name__)
 
@@ -45,12 +46,12 @@ TIMEOUT_S = 300.0
 _CHILD = r"""
 import json, sys, types
 from workbench import _native
-from workbench.options import context_params, embed_params
+from workbench.options import context_params, embed_params, model_params
 spec = json.loads(sys.argv[1])
 def stage(name):
     print("stage:" + name, flush=True)
 cfg = types.SimpleNamespace(**spec["config"])  # as given: the child tries what validation let through
-model = _native.Model(spec["model"], spec["n_gpu_layers"], cfg.use_mmap, False)
+model = _native.Model(spec["model"], spec["n_gpu_layers"], cfg.use_mmap, False, model_params(cfg))
 stage("loaded")
 params = spec["ctx"] or context_params(cfg, model.n_ctx_train)
 ctx = _native.Context(model, params)
@@ -81,7 +82,8 @@ print("ok")
 FOLDER = "model-probes"
 # the settings that decide what llama.cpp builds (threads only change the schedule)
 SETTINGS = ("n_ctx", "n_batch", "n_ubatch", "n_seq_max", "n_threads", "n_threads_batch", "flash_attn", "type_k",
-            "type_v", "n_gpu_layers", "use_mmap", "embed_n_ctx", "embed_n_seq_max")
+            "type_v", "n_gpu_layers", "use_mmap", "embed_n_ctx", "embed_n_seq_max", "split_mode", "main_gpu",
+            "tensor_split", "use_mlock", "load_mode", *CONTEXT_KEYS)
 # the fixed small context that tells a file at fault from settings at fault
 SMALL_CTX = {"n_ctx": 256, "n_batch": 64, "n_ubatch": 64, "n_seq_max": 1, "n_threads": 1, "n_threads_batch": 1}
 
@@ -96,7 +98,9 @@ def probe(model_path: Path, model_sha256: str, cfg: LoadConfig, *, adapter_path:
           adapter_sha256: str | None = None) -> None:
     """Raise ModelFileError (the file) or InvalidOption (the settings) if loading the model
     (with the adapter) under ``cfg`` and running it kills a process. Cheap when this
-    machine already probed the same files and settings."""
+    machine already probed the same files and settings. Placement is checked against the
+    machine's GPUs first (InvalidOption)."""
+    check_placement(cfg)
     settings = {k: getattr(cfg, k) for k in SETTINGS}
     settings["n_gpu_layers"] = cfg.n_gpu_layers if _native.cuda else 0
     key = hashlib.sha256(json.dumps([_native.llama_commit, model_sha256, adapter_sha256, settings,

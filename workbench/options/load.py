@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import InvalidOption
+from .placement import (LOAD_MODES, MAX_DEVICES, ROPE_SCALING_TYPES, SPLIT_MODES, as_choice_or_none,
+                        as_float_or_none, as_positive, as_tensor_split, check_load_mode, context_overrides)
 from .rules import as_bool, as_int, as_marker_pair, as_str, default_threads, one_of, opt
 
 KV_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
@@ -56,7 +58,28 @@ class LoadConfig:
     type_k: str = opt("f16", one_of(*KV_CACHE_TYPES), "K cache type")
     type_v: str = opt("f16", one_of(*KV_CACHE_TYPES), "V cache type (quantised needs flash_attn)")
     n_gpu_layers: int = opt(-1, as_int(-1), "layers to offload on a GPU build (-1 = all); ignored on CPU")
-    use_mmap: bool = opt(True, as_bool)
+    split_mode: str = opt("layer", one_of(*SPLIT_MODES), "GPU build: 'none' (main_gpu holds the model), 'layer' "
+                                                         "(layers and KV spread over GPUs), 'row' (rows too)")
+    main_gpu: int = opt(0, as_int(-1, MAX_DEVICES - 1), "split_mode 'none': the GPU of the model (-1 = none)")
+    tensor_split: tuple[float, ...] | None = opt(None, as_tensor_split,
+                                                 "share of the model per GPU, e.g. [3, 1]; None = by free memory")
+    use_mmap: bool = opt(True, as_bool, "memory-map the file (load_mode 'auto'; False: 'none')")
+    use_mlock: bool = opt(False, as_bool, "lock the weights in RAM (load_mode 'mmap+mlock', or 'mlock' without mmap)")
+    load_mode: str | None = opt(None, as_choice_or_none(*LOAD_MODES),
+                                "llama.cpp's llama_load_mode; None = from use_mmap / use_mlock")
+    offload_kqv: bool = opt(True, as_bool, "GPU build: the KV cache and attention on the GPU")
+    swa_full: bool = opt(True, as_bool, "a full-size KV cache for sliding-window attention layers")
+    rope_scaling_type: str | None = opt(None, as_choice_or_none(*ROPE_SCALING_TYPES), "None = the model's")
+    rope_freq_base: float | None = opt(None, as_positive(), "RoPE base frequency; None = the model's")
+    rope_freq_scale: float | None = opt(None, as_float_or_none(0.001, 1000.0),
+                                        "RoPE frequency scale (1 / context extension); None = the model's")
+    yarn_ext_factor: float | None = opt(None, as_float_or_none(0.0, 1.0),
+                                        "YaRN extrapolation mix; None = 1 with yarn scaling, else 0")
+    yarn_attn_factor: float | None = opt(None, as_positive(), "YaRN magnitude scale; None = the model's")
+    yarn_beta_fast: float | None = opt(None, as_positive(), "YaRN low correction dim; None = the model's (32)")
+    yarn_beta_slow: float | None = opt(None, as_positive(), "YaRN high correction dim; None = the model's (1)")
+    yarn_orig_ctx: int | None = opt(None, as_int(1, 2**22, none_ok=True),
+                                    "YaRN original context; None = the model's (its n_ctx_train)")
     decode_budget_ms: int = opt(30000, as_int(0), "wall-clock bound of one native step; 0 = off")
     max_queue: int = opt(64, as_int(0), "requests waiting for a sequence before QueueFull")
     prefill_chunk_size: int | None = opt(-1, as_int(-1, none_ok=True),
@@ -80,8 +103,10 @@ class LoadConfig:
     embed_n_ctx: int | None = opt(None, as_int(8, none_ok=True),
                                   "tokens one embedding decode holds; None = min(n_ctx_train, 2048)")
     embed_n_seq_max: int = opt(16, as_int(1, 256), "sequences packed into one embedding decode")
+    chat_template_cache: int = opt(8, as_int(1, 1024), "parsed chat templates kept per model (by source)")
 
     def __post_init__(self) -> None:
+        check_load_mode(self)
         if self.cold_max_tokens is not None and self.cold_max_tokens < self.cold_min_tokens:
             raise InvalidOption("cold_max_tokens", self.cold_max_tokens,
                                 f"None or >= cold_min_tokens ({self.cold_min_tokens})", "config")
@@ -114,7 +139,7 @@ def context_params(cfg: Any, n_ctx_train: int) -> dict[str, Any]:
     return {"n_ctx": cfg.n_ctx or min(n_ctx_train or DEFAULT_N_CTX, DEFAULT_N_CTX), "n_batch": cfg.n_batch,
             "n_ubatch": min(cfg.n_ubatch, cfg.n_batch), "n_seq_max": cfg.n_seq_max, "n_threads": n_threads,
             "n_threads_batch": cfg.n_threads_batch or n_threads, "flash_attn": cfg.flash_attn,
-            "type_k": cfg.type_k, "type_v": cfg.type_v}
+            "type_k": cfg.type_k, "type_v": cfg.type_v, **context_overrides(cfg)}
 
 
 def embed_params(cfg: Any, n_ctx_train: int) -> tuple[int, int]:
