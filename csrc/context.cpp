@@ -1,6 +1,7 @@
 // Context create/free, the multi-sequence batch decode (GIL released, abortable with a
 // per-step wall-clock budget), KV sequence ops and sequence state as bytes.
 #include "native.h"
+#include "kv_state.h"
 
 #include <pybind11/stl.h>
 
@@ -176,130 +177,6 @@ int Context::decode(const std::vector<llama_token> & tokens, const std::vector<l
     return rc;
 }
 
-namespace {
-
-// A bounded reader over a state buffer: never reads past its end.
-struct StateReader {
-    const uint8_t * data;
-    size_t size, at = 0;
-    template <typename T> bool read(T & v) {
-        if (size - at < sizeof(T)) return false;
-        std::memcpy(&v, data + at, sizeof(T));
-        at += sizeof(T);
-        return true;
-    }
-    bool skip(uint64_t count, uint64_t each) {
-        if (each != 0 && count > (size - at) / each) return false;
-        at += count * each;
-        return true;
-    }
-};
-
-// What a per-sequence state may hold in this context.
-struct StateLimits {
-    uint32_t n_ctx, n_seq_max, n_layer;
-    int32_t n_vocab;
-};
-
-constexpr uint32_t STATE_MAGIC = 0xaf143cd8;  // llama-context.cpp's io_magic at the pinned commit
-constexpr size_t CELL_EXT_BYTES = 12;          // llama_kv_cell_ext: pos x, pos y, token
-
-// The cells of one stream (llama_kv_cache::state_write_meta for one sequence): position and
-// sequence count (1) per cell, the cell ext when the cache keeps one, the sequence id.
-std::string read_cells(StateReader & r, uint32_t cell_count, bool ext, const StateLimits & lim) {
-    for (uint32_t i = 0; i < cell_count; ++i) {
-        int32_t pos = 0, seq = 0;
-        uint32_t n_seq = 0;
-        if (!r.read(pos) || !r.read(n_seq)) return "the state ends inside cell " + std::to_string(i);
-        if (pos < 0 || (uint32_t)pos >= lim.n_ctx) {
-            return "cell " + std::to_string(i) + " is at position " + std::to_string(pos) +
-                   ", outside the context [0, " + std::to_string(lim.n_ctx) + ")";
-        }
-        if (n_seq != 1) return "cell " + std::to_string(i) + " names " + std::to_string(n_seq) + " sequences, not 1";
-        if (ext) {
-            int32_t xyt[3];
-            if (!r.read(xyt)) return "the state ends inside cell " + std::to_string(i);
-            if (xyt[2] != LLAMA_TOKEN_NULL && (xyt[2] < 0 || xyt[2] >= lim.n_vocab)) {
-                return "cell " + std::to_string(i) + " holds token " + std::to_string(xyt[2]) + ", outside the vocabulary";
-            }
-        }
-        if (!r.read(seq)) return "the state ends inside cell " + std::to_string(i);
-    }
-    return "";
-}
-
-// The tensors of one stream (llama_kv_cache::state_write_data): per layer a K type and row
-// size then the rows; V the same (or transposed: type, element size, width), for every layer
-// or, in caches without V (MLA), none. Types and row sizes llama.cpp compares with its own.
-std::string read_tensors(StateReader & r, uint32_t cells, bool with_v, const StateLimits & lim) {
-    uint32_t v_trans = 0, n_layer = 0;
-    if (!r.read(v_trans) || !r.read(n_layer)) return "the state ends before its layer data";
-    if (v_trans > 1) return "a V-transposition flag of " + std::to_string(v_trans);
-    if (n_layer == 0 || n_layer > lim.n_layer) {
-        return std::to_string(n_layer) + " layers in the state; the model has " + std::to_string(lim.n_layer);
-    }
-    auto rows = [&](const char * what) -> std::string {
-        int32_t type = 0;
-        uint64_t row = 0;
-        if (!r.read(type) || !r.read(row)) return std::string("the state ends inside the ") + what + " data";
-        if (type < 0 || type >= GGML_TYPE_COUNT || row == 0) return std::string("a malformed ") + what + " layer header";
-        if (!r.skip(cells, row)) return std::string("the ") + what + " rows run past the end of the state";
-        return "";
-    };
-    for (uint32_t l = 0; l < n_layer; ++l) {
-        if (std::string e = rows("K"); !e.empty()) return e;
-    }
-    for (uint32_t l = 0; with_v && l < n_layer; ++l) {
-        if (!v_trans) {
-            if (std::string e = rows("V"); !e.empty()) return e;
-            continue;
-        }
-        int32_t type = 0;
-        uint32_t el = 0, width = 0;
-        if (!r.read(type) || !r.read(el) || !r.read(width)) return "the state ends inside the V data";
-        if (type < 0 || type >= GGML_TYPE_COUNT || el == 0 || width == 0) return "a malformed V layer header";
-        if (!r.skip((uint64_t)cells * width, el)) return "the V rows run past the end of the state";
-    }
-    return "";
-}
-
-// One KV cache's part (llama_kv_cache::state_write): stream count, then per stream a cell
-// count and, when not 0, its cells and tensors.
-std::string read_kv_block(StateReader & r, bool ext, bool with_v, const StateLimits & lim) {
-    uint32_t n_stream = 0;
-    if (!r.read(n_stream)) return "the state ends before its stream count";
-    if (n_stream == 0 || n_stream > lim.n_seq_max) return std::to_string(n_stream) + " KV streams in the state";
-    for (uint32_t s = 0; s < n_stream; ++s) {
-        uint32_t cells = 0;
-        if (!r.read(cells)) return "the state ends before a cell count";
-        if (cells == 0) continue;
-        if (cells > lim.n_ctx) {
-            return std::to_string(cells) + " cells; the context holds " + std::to_string(lim.n_ctx);
-        }
-        if (std::string e = read_cells(r, cells, ext, lim); !e.empty()) return e;
-        if (std::string e = read_tensors(r, cells, with_v, lim); !e.empty()) return e;
-    }
-    return "";
-}
-
-// The whole buffer read one way (with or without cell ext, with V tensors or without, as in
-// MLA caches): the header, then one KV cache's part, or two (a SWA model keeps a second
-// cache), ending exactly at the buffer's end. `reached`: how far the reading got.
-std::string read_state(std::string_view state, bool ext, bool with_v, const StateLimits & lim, size_t & reached) {
-    StateReader r{reinterpret_cast<const uint8_t *>(state.data()), state.size()};
-    uint32_t magic = 0;
-    int32_t seq = 0;
-    if (!r.read(magic) || magic != STATE_MAGIC || !r.read(seq)) return "not a llama.cpp sequence state (magic)";
-    std::string e = r.at < r.size ? read_kv_block(r, ext, with_v, lim) : "";
-    reached = r.at;
-    if (!e.empty() || r.at == r.size) return e;
-    const size_t first_end = r.at;
-    if (read_kv_block(r, ext, with_v, lim).empty() && r.at == r.size) return "";  // a SWA model's second cache
-    return std::to_string(r.size - first_end) + " bytes after the state's end";
-}
-
-}  // namespace
-
 // Checks a per-sequence state (llama.cpp's format at the pinned commit, KV caches only)
 // against this context before llama.cpp restores it: llama.cpp takes each cell's position
 // as it is, so one cell at INT32_MAX poisons the sequence and every later decode on it
@@ -308,24 +185,38 @@ std::string read_state(std::string_view state, bool ext, bool with_v, const Stat
 void check_seq_state(const Context & ctx, std::string_view state) {
     const llama_model * m = ctx.model->get();
     if (llama_model_is_recurrent(m) || llama_model_is_hybrid(m)) return;
-    const StateLimits lim{ctx.n_ctx, ctx.n_seq_max, (uint32_t)llama_model_n_layer(m),
-                          llama_vocab_n_tokens(ctx.model->vocab())};
-    std::string why;
-    size_t furthest = 0;
-    for (const bool ext : {false, true}) {
-        for (const bool with_v : {true, false}) {
-            size_t reached = 0;
-            const std::string e = read_state(state, ext, with_v, lim, reached);
-            if (e.empty()) return;
-            if (why.empty() || reached > furthest) why = e, furthest = reached;
-        }
+    SeqState parsed;
+    const std::string why = parse_seq_state(state, state_limits(ctx), parsed);
+    if (!why.empty()) throw py::value_error("state_seq_set: refused a malformed sequence state (" + why + ")");
+}
+
+std::string state_seq_bytes(Context & self, llama_seq_id seq) {
+    check_seq(self, seq);
+    llama_context * c = self.get();
+    std::string buf;
+    py::gil_scoped_release release;
+    const size_t size = llama_state_seq_get_size_ext(c, seq, 0);
+    buf.resize(size);
+    const size_t got = llama_state_seq_get_data_ext(c, reinterpret_cast<uint8_t *>(buf.data()), size, seq, 0);
+    buf.resize(got);
+    return buf;
+}
+
+size_t state_seq_load(Context & self, llama_seq_id seq, std::string_view state) {
+    check_seq(self, seq);
+    llama_context * c = self.get();
+    check_seq_state(self, state);
+    py::gil_scoped_release release;
+    try {
+        return llama_state_seq_set_data_ext(c, reinterpret_cast<const uint8_t *>(state.data()), state.size(), seq, 0);
+    } catch (const std::exception &) {
+        return 0;
     }
-    throw py::value_error("state_seq_set: refused a malformed sequence state (" + why + ")");
 }
 
 void bind_context(py::module_ & m) {
-    py::class_<Context, std::shared_ptr<Context>>(m, "Context")
-        .def(py::init<std::shared_ptr<Model>, const py::dict &>(), py::arg("model"), py::arg("params"))
+    py::class_<Context, std::shared_ptr<Context>> cls(m, "Context");
+    cls.def(py::init<std::shared_ptr<Model>, const py::dict &>(), py::arg("model"), py::arg("params"))
         .def("close", &Context::close)
         .def_readonly("n_ctx", &Context::n_ctx)
         .def_readonly("n_batch", &Context::n_batch)
@@ -362,38 +253,15 @@ void bind_context(py::module_ & m) {
             return llama_memory_seq_pos_min(llama_get_memory(self.get()), seq);
         }, py::arg("seq"))
         .def("memory_clear", [](Context & self) { llama_memory_clear(llama_get_memory(self.get()), true); })
-        .def("state_seq_get", [](Context & self, llama_seq_id seq) {
-            check_seq(self, seq);
-            llama_context * c = self.get();
-            std::string buf;
-            {
-                py::gil_scoped_release release;
-                const size_t size = llama_state_seq_get_size_ext(c, seq, 0);
-                buf.resize(size);
-                const size_t got = llama_state_seq_get_data_ext(c, reinterpret_cast<uint8_t *>(buf.data()), size, seq, 0);
-                buf.resize(got);
-            }
-            return py::bytes(buf);
-        }, py::arg("seq"), "The sequence's KV state as bytes (llama.cpp's own serialisation).")
+        .def("state_seq_get", [](Context & self, llama_seq_id seq) { return py::bytes(state_seq_bytes(self, seq)); },
+             py::arg("seq"), "The sequence's KV state as bytes (llama.cpp's own serialisation).")
         .def("state_seq_set", [](Context & self, llama_seq_id seq, py::bytes data) {
-            check_seq(self, seq);
-            llama_context * c = self.get();
-            std::string_view view = data;
-            check_seq_state(self, view);
-            size_t nread = 0;
-            {
-                py::gil_scoped_release release;
-                try {
-                    nread = llama_state_seq_set_data_ext(c, reinterpret_cast<const uint8_t *>(view.data()), view.size(), seq, 0);
-                } catch (const std::exception &) {
-                    nread = 0;
-                }
-            }
-            return nread;
+            return state_seq_load(self, seq, std::string_view(data));
         }, py::arg("seq"), py::arg("data"),
            "Restore a sequence's KV state; returns the bytes read, 0 when llama.cpp refused it. "
            "ValueError (nothing restored) when the state does not fit this context: a position "
            "outside n_ctx, more cells than it holds, sizes that disagree with the length.");
+    bind_kv_chunks(cls);
 }
 
 }  // namespace wb

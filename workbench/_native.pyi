@@ -90,6 +90,16 @@ class Context:
     def state_seq_set(self, seq: int, data: bytes) -> int:
         """Bytes read; 0 when llama.cpp refused the state. ValueError ('state_seq_set: refused a
         malformed sequence state (<reason>)'), nothing restored, when it does not fit this context."""
+    def state_cut(self, state: bytes, keys: list[bytes], chunk_size: int, first: int = 0) -> list[bytes]:
+        """The state cut into chunks of chunk_size positions (chunk i tagged keys[i], 16 bytes),
+        chunks first.. (docs/cache.md, "Chunked state"). ValueError ('state_cut: <reason>') when
+        it is not one sequence holding positions 0 .. n-1 or len(keys) is not the chunk count."""
+    def state_join(self, pieces: list[bytes], keys: list[bytes]) -> bytes:
+        """One sequence state from chunks that carry keys[0..] in order, positions following
+        from 0, one KV layout and exact sizes; ValueError ('state_join: <reason>') otherwise."""
+    def state_seq_get_chunks(self, seq: int, keys: list[bytes], chunk_size: int, first: int = 0) -> list[bytes]: ...
+    def state_seq_set_chunks(self, seq: int, pieces: list[bytes], keys: list[bytes]) -> int:
+        """state_seq_set(seq, state_join(pieces, keys)); nothing restored when the join refuses."""
 
 class Sampler:
     """A per-request llama.cpp sampler chain (grammar, penalties, top-k/p, min-p, temperature, dist)."""

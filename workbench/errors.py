@@ -210,7 +210,8 @@ class RequestTimeout(WorkbenchError, TimeoutError):
                  generated_tokens: int) -> None:
         self.ref, self.option, self.limit_s, self.elapsed_s = ref, option, limit_s, elapsed_s
         self.phase, self.generated_tokens = phase, generated_tokens
-        what = "since its last token" if option == "token_timeout_s" else "since it was submitted"
+        what = ("since it was submitted" if option != "token_timeout_s" else
+                "since its last token" if generated_tokens else "since it was admitted")
         super().__init__(f"request {ref} ran past {option}={limit_s:g} s ({elapsed_s:.3f} s {what}, "
                          f"while {phase}, {generated_tokens} tokens generated); it was cancelled")
 
@@ -273,3 +274,15 @@ class SessionLost(NoSession):
         self.session_id, self.replica = session_id, replica
         LookupError.__init__(self, f"session {session_id!r} was lost with replica {replica!r} (it died or "
                                    "restarted); start the conversation again with its whole prompt")
+
+
+# --- the KV cache's chunked state ----------------------------------------------------------
+
+class KvChunksRefused(WorkbenchError, ValueError):
+    """A sequence state could not be cut into KV chunks, or chunks did not verify as the chain
+    a row needs (another prefix's key, a gap in positions, another KV layout, a wrong size);
+    nothing was handed to llama.cpp."""
+
+    def __init__(self, operation: str, reason: str) -> None:
+        self.operation, self.reason = operation, reason
+        super().__init__(f"{operation}: refused ({reason})")

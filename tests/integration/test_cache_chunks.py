@@ -1,0 +1,167 @@
+"""A sequence's llama.cpp state cut into KV chunks and joined back (engine/kv_chunks.py over
+csrc/kv_chunks.cpp), with the real default model: the join restores exactly what the cut
+took (warm == cold, token for token, V transposed or not) and refuses chunks that are not the
+chain a row needs, before llama.cpp sees them."""
+
+from __future__ import annotations
+
+import pytest
+
+from workbench import _native
+from workbench.cache.keys import chunk_keys
+from workbench.engine import kv_chunks
+from workbench.errors import KvChunksRefused
+
+NS = bytes(range(32))
+CHUNK = 128
+TEXT = " ".join(f"Item {i}: the {w} of the river near town number {i * 7 % 13}."
+                for i, w in enumerate(["colour", "sound", "depth", "speed", "name", "age"] * 8))
+
+
+@pytest.fixture(scope="module")
+def model(model_path):
+    m = _native.Model(str(model_path), 0, True, False)
+    yield m
+    m.close()
+
+
+def make_ctx(model, flash_attn: str):
+    return _native.Context(model, {"n_ctx": 1024, "n_batch": 256, "n_ubatch": 256, "n_seq_max": 2,
+                                   "n_threads": 2, "flash_attn": flash_attn})
+
+
+def prefill(ctx, seqs: list[int], tokens: list[int]) -> None:
+    """Prefill the same tokens into each of `seqs`, interleaved in one batch (so each
+    sequence's cells are not contiguous when there are two)."""
+    step = ctx.n_batch // len(seqs)
+    for start in range(0, len(tokens), step):
+        part = tokens[start:start + step]
+        rows = [(t, start + i, s) for i, t in enumerate(part) for s in seqs]
+        last = start + len(part) == len(tokens)
+        logits = [1 if last and r[1] == len(tokens) - 1 else 0 for r in rows]
+        assert ctx.decode([r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], logits) == 0
+
+
+def greedy(ctx, seq: int, n_past: int, first: int, n: int) -> list[int]:
+    """n greedy tokens on `seq` (holding n_past positions), feeding `first` at n_past."""
+    out, tok = [], first
+    for i in range(n):
+        assert ctx.decode([tok], [n_past + i], [seq], [1]) == 0
+        tok = _native.top_logits(ctx, 0, 1)[0][0]
+        out.append(tok)
+    return out
+
+
+@pytest.fixture(scope="module")
+def tokens(model):
+    toks = model.tokenize(TEXT, True, False)
+    assert len(toks) > 3 * CHUNK + 10  # three full chunks and a tail
+    return toks[:3 * CHUNK + 37]
+
+
+@pytest.mark.parametrize("flash_attn", ["on", "off"])
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_cut_and_join_restore_warm_equal_to_cold(model, tokens, flash_attn, interleaved):
+    ctx = make_ctx(model, flash_attn)
+    try:
+        prompt, last = tokens[:-1], tokens[-1]
+        prefill(ctx, [0, 1] if interleaved else [0], prompt)
+        keys = chunk_keys(NS, prompt, CHUNK)
+        state = ctx.state_seq_get(0)
+        pieces = kv_chunks.cut(ctx, 0, keys, CHUNK)
+        assert len(pieces) == 4 and len(pieces[-1]) < len(pieces[0])
+        # the chunks hold the whole state once: pieces share headers and layouts only
+        assert sum(map(len, pieces)) < len(state) * 1.02
+        assert kv_chunks.join(ctx, pieces, keys) == state  # cells come back in position order
+        assert kv_chunks.cut(ctx, 0, keys, CHUNK, first=3) == pieces[3:]
+        cold = greedy(ctx, 0, len(prompt), last, 12)
+        ctx.seq_rm(1, -1, -1)
+        assert ctx.seq_pos_max(1) == -1
+        assert kv_chunks.load(ctx, 1, pieces, keys) == len(state)
+        assert (ctx.seq_pos_min(1), ctx.seq_pos_max(1)) == (0, len(prompt) - 1)
+        assert greedy(ctx, 1, len(prompt), last, 12) == cold
+    finally:
+        ctx.close()
+
+
+@pytest.fixture(scope="module")
+def cut_pair(model, tokens):
+    """Chunks of two prompts sharing their first chunk, from one context (flash off: V
+    transposed), and the chunks of the first from a flash-on context."""
+    off, on = make_ctx(model, "off"), make_ctx(model, "on")
+    a = tokens[:2 * CHUNK + 20]
+    b = tokens[:CHUNK] + list(reversed(tokens[CHUNK:2 * CHUNK + 20]))
+    prefill(off, [0], a)
+    ka = chunk_keys(NS, a, CHUNK)
+    pa = kv_chunks.cut(off, 0, ka, CHUNK)
+    off.seq_rm(0, -1, -1)
+    prefill(off, [0], b)
+    kb = chunk_keys(NS, b, CHUNK)
+    pb = kv_chunks.cut(off, 0, kb, CHUNK)
+    off.seq_rm(0, -1, -1)
+    prefill(on, [0], a)
+    pa_on = kv_chunks.cut(on, 0, ka, CHUNK)
+    on.close()
+    yield off, (a, ka, pa), (b, kb, pb), pa_on
+    off.close()
+
+
+def refused(ctx, pieces, keys, match: str) -> None:
+    with pytest.raises(KvChunksRefused, match=match):
+        kv_chunks.join(ctx, pieces, keys)
+    with pytest.raises(KvChunksRefused, match=match):
+        kv_chunks.load(ctx, 1, pieces, keys)
+    assert ctx.seq_pos_max(1) == -1  # nothing reached llama.cpp
+
+
+def test_shared_prefix_chunks_are_identical(cut_pair):
+    _, (_, ka, pa), (_, kb, pb), _ = cut_pair
+    assert ka[0] == kb[0] and pa[0] == pb[0]
+    assert ka[1] != kb[1] and pa[1] != pb[1]
+
+
+def test_join_refuses_chunks_of_another_prefix(cut_pair):
+    ctx, (_, ka, pa), (_, kb, pb), _ = cut_pair
+    refused(ctx, [pa[0], pb[1], pa[2]], ka, "another prefix")
+    refused(ctx, pa, kb, "another prefix")
+    # b's own chunks verify against b's keys, whatever a's are
+    assert kv_chunks.join(ctx, [pa[0], pb[1], pb[2]], kb) == kv_chunks.join(ctx, pb, kb)
+
+
+def test_join_refuses_gaps_order_layout_and_sizes(cut_pair):
+    ctx, (_, ka, pa), _, pa_on = cut_pair
+    refused(ctx, [pa[0], pa[2]], [ka[0], ka[2]], "starts at position 256, expected 128")
+    refused(ctx, [pa[1], pa[0], pa[2]], [ka[1], ka[0], ka[2]], "starts at position 128, expected 0")
+    refused(ctx, [pa[0], pa_on[1], pa[2]], ka, "another KV layout")
+    refused(ctx, [pa[0], pa[1], pa[2][:-1]], ka, "bytes of KV")
+    refused(ctx, [pa[0], pa[1], pa[2] + b"\0"], ka, "bytes of KV")
+    refused(ctx, [pa[0], pa[1]], ka, "2 chunks for 3 keys")
+    refused(ctx, [b"WBKVCHK\0" + bytes(8)] + pa[1:], ka, "not a KV chunk")
+    refused(ctx, [], [], "no chunks")
+    bad_version = pa[0][:8] + b"\x02\x00" + pa[0][10:]
+    refused(ctx, [bad_version, *pa[1:]], ka, "chunk format version")
+    refused(ctx, pa, [k[:8] for k in ka], "not 16")
+
+
+def test_join_refuses_a_cell_at_the_wrong_position(cut_pair):
+    ctx, (_, ka, pa), _, _ = cut_pair
+    first = pa[1]
+    body = 40 + int.from_bytes(first[20:24], "little")
+    moved = first[:body] + (10_000).to_bytes(4, "little") + first[body + 4:]
+    refused(ctx, [pa[0], moved, pa[2]], ka, "not at position 128")
+
+
+def test_cut_refuses_wrong_keys_and_foreign_bytes(cut_pair):
+    ctx, (a, ka, _), _, _ = cut_pair
+    prefill(ctx, [0], a)
+    try:
+        with pytest.raises(KvChunksRefused, match="expected 3"):
+            kv_chunks.cut(ctx, 0, ka[:2], CHUNK)
+        with pytest.raises(KvChunksRefused, match="chunk_size"):
+            kv_chunks.cut(ctx, 0, ka, 0)
+        with pytest.raises(KvChunksRefused, match="not a sequence state"):
+            kv_chunks.cut_state(ctx, b"\0" * 64, ka, CHUNK)
+        with pytest.raises(KvChunksRefused, match="0 streams hold cells"):
+            kv_chunks.cut(ctx, 1, [], CHUNK)  # an empty sequence
+    finally:
+        ctx.seq_rm(0, -1, -1)

@@ -1,0 +1,67 @@
+"""A sequence's KV state as content-addressed chunks (the native cut and join).
+
+``cut`` takes the KV of a sequence holding exactly ``tokens`` and returns it as chunks of
+``chunk_size`` positions (the tail chunk may be shorter), chunk ``i`` tagged with the key
+``keys.chunk_keys`` gives it: a chunk's key names (namespace, parent chunk key, its tokens).
+``load`` joins chunks back into one llama.cpp state and restores it into a sequence, after
+the native layer checked that each chunk carries the expected key, that their positions
+follow each other from 0, that they share one KV layout and that each holds exactly the
+bytes its layout says; anything else raises :class:`~workbench.errors.KvChunksRefused` and
+leaves the sequence untouched. The format and its limits: docs/cache.md, "Chunked state".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ..cache.keys import Tokens, chunk_keys
+from ..errors import KvChunksRefused
+
+DEFAULT_CHUNK_SIZE = 256
+
+
+def keys_for(namespace_digest: bytes, tokens: Tokens, chunk_size: int = DEFAULT_CHUNK_SIZE) -> list[bytes]:
+    """The chunk keys of a row of ``tokens`` (the one definition: ``keys.chunk_keys``)."""
+    return chunk_keys(namespace_digest, tokens, chunk_size)
+
+
+def _refused(exc: ValueError) -> KvChunksRefused:
+    operation, _, reason = str(exc).partition(": ")
+    return KvChunksRefused(operation or "kv_chunks", reason or str(exc))
+
+
+def cut(ctx: Any, seq: int, keys: Sequence[bytes], chunk_size: int = DEFAULT_CHUNK_SIZE,
+        first: int = 0) -> list[bytes]:
+    """Chunks ``first ..`` of the state of ``seq``, whose chunk keys are ``keys``."""
+    try:
+        return list(ctx.state_seq_get_chunks(seq, list(keys), chunk_size, first))
+    except ValueError as exc:
+        raise _refused(exc) from None
+
+
+def cut_state(ctx: Any, state: bytes, keys: Sequence[bytes], chunk_size: int = DEFAULT_CHUNK_SIZE,
+              first: int = 0) -> list[bytes]:
+    """``cut`` over a state already copied out of llama.cpp."""
+    try:
+        return list(ctx.state_cut(state, list(keys), chunk_size, first))
+    except ValueError as exc:
+        raise _refused(exc) from None
+
+
+def join(ctx: Any, pieces: Sequence[bytes], keys: Sequence[bytes]) -> bytes:
+    """One llama.cpp sequence state from verified chunks (see the module's docstring)."""
+    try:
+        return bytes(ctx.state_join(list(pieces), list(keys)))
+    except ValueError as exc:
+        raise _refused(exc) from None
+
+
+def load(ctx: Any, seq: int, pieces: Sequence[bytes], keys: Sequence[bytes]) -> int:
+    """Join ``pieces`` and restore them into ``seq``: the bytes llama.cpp read (0: it refused
+    the state, and emptied the sequence). KvChunksRefused, nothing restored, when the chunks do
+    not verify or the joined state does not fit this context."""
+    try:
+        return int(ctx.state_seq_set_chunks(seq, list(pieces), list(keys)))
+    except ValueError as exc:
+        raise _refused(exc) from None
