@@ -6,6 +6,7 @@ hit kinds here come from the one definition, HitKind."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from workbench.cache import CacheNamespace, HitKind, RamTier, TieredCache
@@ -19,12 +20,17 @@ def reference_replay(trace: Trace, policy: PolicySpec, size_bytes: int, bytes_pe
                      checkpoint_every: int | None = 2048, block_size: int = 16, min_tokens: int = 16,
                      saves: tuple[str, ...] = ("checkpoint", "agent_prefix", "prompt", "finish"),
                      checkpoint_min: int = 0, checkpoint_max: int | None = None,
+                     cache_factory: Callable[..., Any] | None = None,
                      ) -> list[tuple[str, int]]:
     """(hit kind, prefill tokens saved) per request, following the engine's rules
-    (`Engine._start`, `_save_points`, `_finish`), written out the plain way."""
+    (`Engine._start`, `_save_points`, `_finish`), written out the plain way. The cache is a
+    one-tier TieredCache, or `cache_factory(size_bytes, policy, clock)` (the same calls)."""
     clock = [0.0]
-    cache = TieredCache([RamTier("ram", size_bytes)], policy=policy, clock=lambda: clock[0],
-                        block_size=block_size)
+    if cache_factory is None:
+        cache = TieredCache([RamTier("ram", size_bytes)], policy=policy, clock=lambda: clock[0],
+                            block_size=block_size)
+    else:
+        cache = cache_factory(size_bytes, policy, lambda: clock[0])
     step = None
     if "checkpoint" in saves and checkpoint_every is not None:
         step = -(-checkpoint_every // block_size) * block_size

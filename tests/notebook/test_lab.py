@@ -20,6 +20,8 @@ from workbench.lab.traces import Trace
 EXACT_COLUMNS = ["policy", "size_bytes", "requests", "hits", "exact_hits", "partial_hits", "misses", "hit_ratio",
                  "miss_ratio", "byte_hit_ratio", "prompt_tokens", "prefill_tokens_saved", "prefill_saved_fraction",
                  "rows_saved", "saves_too_large", "evictions", "evicted_bytes", "rows_end", "bytes_end", "seconds"]
+CHUNK_COLUMNS = ["chunks_end", "logical_bytes_end", "shared_bytes_end", "chunks_written", "chunks_reused",
+                 "chunks_collected"]
 
 
 # --- hand-made traces: exact hits and misses ------------------------------------------------
@@ -236,11 +238,13 @@ def test_miss_ratio_equals_libcachesim(size_of, sizes) -> None:  # type: ignore[
 
     Object o is a prompt of size_of(o) + 1 tokens: the engine saves a prompt without its
     last token, so its row is exactly size_of(o) tokens (bytes, at 1 byte a token), and
-    the next request for o finds it (size_of(o) >= n - 1: an exact hit, nothing saved)."""
+    the next request for o finds it (size_of(o) >= n - 1: an exact hit, nothing saved).
+    Whole rows (chunk_size=None): libCacheSim's objects are distinct, while the chunk model
+    would let two objects whose 1-token rows draw the same token id share their chunk."""
     objects = traces.zipf_objects(12_000, 1_500, alpha=1.0, seed=42)
     trace = traces.object_trace(objects, lambda o: size_of(o) + 1)
     df = lab.replay(trace, ["lru", "s3fifo"], sizes, bytes_per_token=1, min_tokens=1, checkpoint_every=None,
-                    workers=1)
+                    workers=1, chunk_size=None)
     for row in df.itertuples():
         expected = reference_misses({"lru": "LRU", "s3fifo": "S3FIFO"}[row.policy], row.size_bytes, objects, size_of)
         assert row.misses == expected and row.exact_hits == len(objects) - expected
@@ -303,7 +307,9 @@ def test_unknown_policy_and_bad_arguments() -> None:
 def test_dataframe_shape_dtypes_and_timeline() -> None:
     trace = traces.rag_queries(500, seed=9, documents=30, doc_tokens=(20, 80))
     df = lab.replay(trace, ["lru", "gdsf"], ["1MiB", 4 << 20], checkpoint_every=64, workers=1)
-    assert list(df.columns) == EXACT_COLUMNS
+    assert list(df.columns) == [*EXACT_COLUMNS[:-1], *CHUNK_COLUMNS, "seconds"]
+    whole = lab.replay(trace, ["lru"], ["1MiB"], checkpoint_every=64, workers=1, chunk_size=None)
+    assert list(whole.columns) == EXACT_COLUMNS
     assert isinstance(df["policy"].dtype, pd.CategoricalDtype)
     assert df["size_bytes"].dtype == "int64" and df["misses"].dtype == "int64"
     assert df["hit_ratio"].dtype == "float64"

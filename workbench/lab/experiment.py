@@ -13,9 +13,12 @@ For each request, in arrival order (the clock is the trace's arrival time in sec
    prompt without its last token, the prompt + reply (without its end-of-turn token) at
    finish (rules in `plan.py`, after the engine's `SavePoints.plan` and `SavePoints.at_finish`).
 
-A row of n tokens costs n * bytes_per_token bytes (default 23,040: SmolLM2-135M's f16 K+V
-per token). The cache is `simcache.SimCache`: the cache's own Catalog, PrefixIndex, Level
-and policies, one tier, without payloads. Sticky sessions are not modelled (the lab is
+KV costs bytes_per_token bytes a token (default 23,040: SmolLM2-135M's f16 K+V per token).
+The cache is, by default, the chunk model (`chunksim.ChunkSimCache`: rows as chains of
+256-token chunks, a shared prefix stored once, leaves evicted first); with chunk_size=None
+the whole-row model (`simcache.SimCache`, a row of n tokens costing n * bytes_per_token).
+Both are built from the cache's own Catalog, PrefixIndex, Level and policies, one tier,
+without payloads. Sticky sessions are not modelled (the lab is
 about the prefix cache); `replay(..., model=...)` measures the real engine beside it.
 """
 
@@ -31,6 +34,7 @@ from typing import Any
 
 from workbench.cache.policies import EvictionPolicy, PolicySpec, get_policy
 from workbench.cache.types import HitKind
+from workbench.lab.chunks import DEFAULT_CHUNK_SIZE
 from workbench.lab.plan import SAVE_KINDS, Plan, build_plan, check_saves, run_plan
 from workbench.lab.simcache import ranking_mode
 from workbench.lab.traces import Trace
@@ -50,7 +54,7 @@ def replay(trace: Trace | Sequence[Sequence[int]], policies: Iterable[PolicySpec
            checkpoint_every: int | None = 2048, min_tokens: int = 16, checkpoint_min: int = 0,
            checkpoint_max: int | None = None, model: str | None = None,
            response_tokens: int = 4, sessions: bool = True, workers: int | None = None,
-           timeline_points: int = 200) -> Any:
+           timeline_points: int = 200, chunk_size: int | None = DEFAULT_CHUNK_SIZE) -> Any:
     """Replay `trace` through each policy at each byte budget; one DataFrame row per pair.
 
     `policies`: names, classes, instances (deep-copied per budget, the original is left
@@ -80,6 +84,13 @@ def replay(trace: Trace | Sequence[Sequence[int]], policies: Iterable[PolicySpec
 
     `workers`: processes for the (policy, size) pairs; None = the usable cores (forked, so
     functions need not pickle), 1 = in this process.
+
+    `chunk_size` (tokens, default 256): the chunk model (`chunksim.py`): rows are chains of
+    chunks keyed by `keys.chunk_keys`, a shared prefix stored once, leaves evicted first,
+    the policy scoring chunks; adds the columns chunks_end, logical_bytes_end (the cached
+    rows as whole rows), shared_bytes_end, chunks_written, chunks_reused, chunks_collected.
+    None: the whole-row model (`simcache.py`: every row stored whole, as `TieredCache`
+    stores them until the chunked cache lands).
     """
     import pandas as pd
 
@@ -95,7 +106,8 @@ def replay(trace: Trace | Sequence[Sequence[int]], policies: Iterable[PolicySpec
     # make each policy once now: an unknown name fails here with get_policy's message
     slow = [ranking_mode(_fresh_policy(spec)) in ("pure", "full") for spec in specs]
     plan = build_plan(trace, block_size=block_size, saves=saves, checkpoint_every=checkpoint_every,
-                      min_tokens=min_tokens, checkpoint_min=checkpoint_min, checkpoint_max=checkpoint_max)
+                      min_tokens=min_tokens, checkpoint_min=checkpoint_min, checkpoint_max=checkpoint_max,
+                      chunk_size=chunk_size)
     budgets = _budgets(sizes, plan, bytes_per_token)
     every = max(1, len(trace) // timeline_points) if timeline_points else 0
     jobs = [(p, s) for p in range(len(specs)) for s in budgets]
@@ -121,7 +133,7 @@ def replay(trace: Trace | Sequence[Sequence[int]], policies: Iterable[PolicySpec
     df.attrs["params"] = {"trace": trace.name, "requests": len(trace), "block_size": block_size,
                           "bytes_per_token": bytes_per_token, "saves": check_saves(saves),
                           "checkpoint_every": checkpoint_every, "checkpoint_min": checkpoint_min,
-                          "checkpoint_max": checkpoint_max, "min_tokens": min_tokens,
+                          "checkpoint_max": checkpoint_max, "min_tokens": min_tokens, "chunk_size": chunk_size,
                           "footprint_bytes": plan.footprint_tokens * bytes_per_token}
     if model is not None:
         _add_measured(df, trace, model, response_tokens, sessions, per_request)

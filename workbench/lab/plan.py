@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import array
 import bisect
+import itertools
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -46,6 +47,8 @@ from typing import Any
 from workbench.cache.keys import CacheNamespace, row_key_from_bytes
 from workbench.cache.policies import EvictionPolicy
 from workbench.cache.types import HitKind, SaveReason
+from workbench.lab.chunks import ChunkChains, ChunkTree
+from workbench.lab.chunksim import ChunkSimCache
 from workbench.lab.simcache import SimCache
 from workbench.lab.traces import Trace
 
@@ -66,7 +69,8 @@ class Plan:
     arrival: list[float]
     prefill: list[tuple[PrefillSave, ...]]   # saves during prefill, shortest first
     finish: list[Row | None]
-    footprint_tokens: int                    # tokens of all distinct rows the plan may save
+    footprint_tokens: int                    # tokens of all distinct rows (chunks) the plan may save
+    chunks: ChunkTree | None = None          # the chunk model: each row's chain (None: whole rows)
 
 
 def check_saves(saves: Iterable[str]) -> tuple[str, ...]:
@@ -90,10 +94,12 @@ def check_band(checkpoint_min: int, checkpoint_max: int | None) -> None:
 
 def build_plan(trace: Trace, *, block_size: int = 16, saves: Iterable[str] = SAVE_KINDS,
                checkpoint_every: int | None = 2048, min_tokens: int = 16, checkpoint_min: int = 0,
-               checkpoint_max: int | None = None) -> Plan:
+               checkpoint_max: int | None = None, chunk_size: int | None = None) -> Plan:
     """Virtual-token prompts and the rows each request may save (see the module doc).
     Checkpoints fall only at positions p with `checkpoint_min` <= p <= `checkpoint_max`
-    (None: no bound), as the engine's cold_min_tokens / cold_max_tokens."""
+    (None: no bound), as the engine's cold_min_tokens / cold_max_tokens. With `chunk_size`
+    each row is also cut into its chunk chain (`chunks.py`) and replays use the chunk model
+    (`chunksim.py`); None keeps whole rows (today's `TieredCache`)."""
     saves = check_saves(saves)
     if block_size < 1:
         raise ValueError(f"block_size must be >= 1, got {block_size}")
@@ -141,6 +147,7 @@ def build_plan(trace: Trace, *, block_size: int = 16, saves: Iterable[str] = SAV
         return key, part, n
 
     plan = Plan([], plens, trace.arrival_s.tolist(), [], [], 0)
+    chains = None if chunk_size is None else ChunkChains(trace, NAMESPACE, chunk_size)
     for i, prompt in enumerate(prompts):
         vids: list[int] = []
         cum = [0]
@@ -158,6 +165,11 @@ def build_plan(trace: Trace, *, block_size: int = 16, saves: Iterable[str] = SAV
             pre.append((plen - 1, PROMPT))
         plan.prefill.append(tuple((*row(raw, cum, n), kind) for n, kind in sorted(pre)))
         plan.finish.append(row(raw, cum, finish_len[i]) if finish_len[i] else None)
+        if chains is not None:
+            ends = list(itertools.accumulate(seg_len[s] for s in prompt))
+            for r in (*plan.prefill[i], plan.finish[i]):
+                if r is not None:
+                    chains.add_row(r[0], path, prompt, ends, r[2])
     seen: dict[str, int] = {}
     for i in range(len(prompts)):
         for r in plan.prefill[i]:
@@ -166,6 +178,9 @@ def build_plan(trace: Trace, *, block_size: int = 16, saves: Iterable[str] = SAV
         if fin is not None:
             seen[fin[0]] = fin[2]
     plan.footprint_tokens = sum(seen.values())
+    if chains is not None:
+        plan.chunks = chains.tree
+        plan.footprint_tokens = chains.tree.footprint_tokens()
     return plan
 
 
@@ -247,7 +262,8 @@ def run_plan(plan: Plan, policy: EvictionPolicy, size_bytes: int, bytes_per_toke
              timeline_every: int = 0, record: bool = False) -> dict[str, Any]:
     """Replay the plan through one cache; totals, plus a timeline (every `timeline_every`
     requests) and each request's (hit kind, prefill saved) when `record`."""
-    sim = SimCache(policy, size_bytes)
+    sim: SimCache | ChunkSimCache = (SimCache(policy, size_bytes) if plan.chunks is None
+                                     else ChunkSimCache(policy, size_bytes, plan.chunks, bytes_per_token))
     ns, bpt = NAMESPACE, bytes_per_token
     exact = partial = misses = saved = matched_total = 0
     timeline: list[tuple[int, float, int, int, int, int, int]] = []
@@ -297,5 +313,21 @@ def run_plan(plan: Plan, policy: EvictionPolicy, size_bytes: int, bytes_per_toke
         "prefill_saved_fraction": saved / total_prompt if total_prompt else 0.0,
         "rows_saved": sim.saves, "saves_too_large": sim.too_large, "evictions": sim.evictions,
         "evicted_bytes": sim.evicted_bytes, "rows_end": len(sim), "bytes_end": sim.used_bytes,
-        "seconds": time.perf_counter() - started, "_timeline": timeline, "_requests": per_request,
+        **_chunk_columns(sim), "seconds": time.perf_counter() - started, "_timeline": timeline,
+        "_requests": per_request,
     }
+
+
+CHUNK_COLUMNS = ("chunks_end", "logical_bytes_end", "shared_bytes_end", "chunks_written", "chunks_reused",
+                 "chunks_collected")
+
+
+def _chunk_columns(sim: SimCache | ChunkSimCache) -> dict[str, int]:
+    """The chunk model's byte counts (absent in the whole-row model): chunks and what the
+    cached rows would take as whole rows, bytes of chunks more than one row holds, chunks
+    written / found already cached by puts, chunks collected with an evicted leaf."""
+    if not isinstance(sim, ChunkSimCache):
+        return {}
+    return {"chunks_end": len(sim.chunks), "logical_bytes_end": sim.logical_bytes,
+            "shared_bytes_end": sim.shared_bytes(), "chunks_written": sim.chunks_written,
+            "chunks_reused": sim.chunks_reused, "chunks_collected": sim.collected}

@@ -111,13 +111,21 @@ class Trace:
     def __iter__(self) -> Iterator[TraceRequest]:
         return (self[i] for i in range(len(self)))
 
-    def segment_tokens(self, seg: int) -> list[int]:
-        """The token ids of one segment (deterministic in the trace seed and the id)."""
+    def segment_array(self, seg: int) -> np.ndarray:
+        """The token ids of one segment as int32 (deterministic in the trace seed and the id)."""
         if self.literal:
-            return [int(seg)]
+            return np.asarray([seg], np.int32)
         lo, hi = self.token_range
         rng = np.random.default_rng([self.seed, int(seg)])
-        return [int(t) for t in rng.integers(lo, hi, int(self.seg_len[seg]))]
+        return rng.integers(lo, hi, int(self.seg_len[seg])).astype(np.int32)
+
+    def segment_tokens(self, seg: int) -> list[int]:
+        """The token ids of one segment, as a list."""
+        return [int(t) for t in self.segment_array(seg)]
+
+    def segment_bytes(self, seg: int) -> bytes:
+        """The token ids of one segment as int32 little-endian bytes (as the cache hashes them)."""
+        return self.segment_array(seg).astype("<i4", copy=False).tobytes()
 
     def prompt_token_ids(self, i: int) -> list[int]:
         """Request i's prompt as token ids (what a real run sends to the model)."""

@@ -1,0 +1,126 @@
+"""The chunks a trace's rows are stored as, keyed exactly as the real cache keys them.
+
+A row of n tokens is stored as the chain `keys.chunk_keys(namespace, tokens[:n], chunk_size)`:
+n // chunk_size full chunks, then a shorter tail chunk when n is not a multiple of the chunk
+size. A chunk's key names (namespace, parent chunk key, its tokens), so two rows with a
+common prefix share its full chunks; a tail is shared only by rows of exactly that length
+(i.e. by the same row).
+
+`ChunkChains` computes, for every row a plan saves, its last chunk, and for every chunk its
+parent and its token count: the chunk tree a replay walks. The token ids are the trace's
+real ones (`Trace.segment_bytes`), so the keys equal what the real cache computes for the
+same prompts in the same namespace. The work is incremental: the chain state after each
+segment path (the plan's trie node) is computed once, from its parent's state, because a
+chained hash continues from the previous chunk's key exactly as it starts from the
+namespace digest (`chunk_keys(key_of_chunk_k, tokens_after_it, size)` is the tail of
+`chunk_keys(namespace, all_tokens, size)`).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from workbench.cache.keys import chunk_keys
+from workbench.lab.traces import Trace
+
+DEFAULT_CHUNK_SIZE = 256  # tokens, the real cache's default
+
+
+@dataclass(slots=True)
+class ChunkTree:
+    """Every chunk a plan's rows are made of: parent (None for a first chunk) and tokens,
+    and each row's last chunk. Chunk keys are 32-character hex strings (xxh3-128)."""
+
+    chunk_size: int
+    parent: dict[str, str | None] = field(default_factory=dict)
+    tokens: dict[str, int] = field(default_factory=dict)
+    last: dict[str, str] = field(default_factory=dict)   # row key -> its last chunk
+
+    def chain(self, row_key: str) -> list[str]:
+        """The row's chunks, first to last."""
+        out: list[str] = []
+        key: str | None = self.last[row_key]
+        while key is not None:
+            out.append(key)
+            key = self.parent[key]
+        out.reverse()
+        return out
+
+    def footprint_tokens(self) -> int:
+        """Tokens of the distinct chunks of all rows: what storing every row at once costs."""
+        seen: set[str] = set()
+        total = 0
+        for tail in self.last.values():
+            key: str | None = tail
+            while key is not None and key not in seen:
+                seen.add(key)
+                total += self.tokens[key]
+                key = self.parent[key]
+        return total
+
+
+class ChunkChains:
+    """Builds a `ChunkTree` for rows named by their segment path and length."""
+
+    def __init__(self, trace: Trace, namespace: bytes, chunk_size: int) -> None:
+        if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+            raise ValueError(f"chunk_size must be an int >= 1, got {chunk_size!r}")
+        self.trace = trace
+        self.namespace = namespace
+        self.size = chunk_size
+        self.tree = ChunkTree(chunk_size)
+        # trie node -> (key of the last full chunk before the node's end, or None at the
+        # root; the token bytes after that chunk up to the node's end)
+        self._states: dict[int, tuple[str | None, bytes]] = {}
+        self._segments: OrderedDict[int, bytes] = OrderedDict()
+
+    def add_row(self, row_key: str, path: list[int], segs: list[int], ends: list[int], n: int) -> None:
+        """Register the row of the first `n` tokens of the segments `segs` (trie nodes
+        `path`, cumulative real lengths `ends`)."""
+        if row_key in self.tree.last:
+            return
+        j = bisect.bisect_left(ends, n)       # the segment holding token n - 1
+        start = ends[j - 1] if j else 0
+        parent, leftover = self._state(path, segs, j - 1)
+        raw = leftover + self._segment(segs[j])[:4 * (n - start)]
+        self.tree.last[row_key] = self._register(parent, raw)
+
+    def _state(self, path: list[int], segs: list[int], j: int) -> tuple[str | None, bytes]:
+        """The chain state after segment j of this path (-1: the root)."""
+        if j < 0:
+            return None, b""
+        state = self._states.get(path[j])
+        if state is None:
+            parent, leftover = self._state(path, segs, j - 1)
+            raw = leftover + self._segment(segs[j])
+            n_full = len(raw) // (4 * self.size)
+            if n_full:
+                parent = self._register(parent, raw[:4 * self.size * n_full])
+            state = self._states[path[j]] = (parent, raw[4 * self.size * n_full:])
+        return state
+
+    def _register(self, parent: str | None, raw: bytes) -> str:
+        """Register the chunks of `raw` (token bytes following chunk `parent`); the last key."""
+        seed = self.namespace if parent is None else bytes.fromhex(parent)
+        step = 4 * self.size
+        tree = self.tree
+        for k, digest in enumerate(chunk_keys(seed, raw, self.size)):
+            key = digest.hex()
+            if key not in tree.parent:
+                tree.parent[key] = parent
+                tree.tokens[key] = min(step, len(raw) - k * step) // 4
+            parent = key
+        assert parent is not None
+        return parent
+
+    def _segment(self, seg: int) -> bytes:
+        raw = self._segments.get(seg)
+        if raw is None:
+            raw = self._segments[seg] = self.trace.segment_bytes(seg)
+            if len(self._segments) > 4096:
+                self._segments.popitem(last=False)
+        else:
+            self._segments.move_to_end(seg)
+        return raw
