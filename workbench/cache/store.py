@@ -112,14 +112,20 @@ def _write_all(fd: int, data: bytes) -> None:
 def publish_row(root: Path, meta: RowMeta, payload: bytes, algo: ChecksumAlgo = ChecksumAlgo.XXH3_128) -> int:
     """Write a row crash-safely as `<key>.kv`; return its size. Publishing a key that is
     already there keeps the existing file."""
-    head = encode_row(meta, payload, algo)
-    final = row_path(root, meta.key)
-    tmp = tmp_path(root, meta.key)
+    publish_file(root, row_path(root, meta.key), meta.key, (encode_row(meta, payload, algo), payload))
+    return row_size(meta.n_tokens, len(payload))
+
+
+def publish_file(root: Path, final: Path, stem: str, parts: tuple[bytes, ...]) -> None:
+    """The publish protocol of the module doc for any file of `root` (rows, KV chunks,
+    manifests): tmp file `<stem>.tmp.<pid>.<random>`, write, fsync, link (first writer
+    wins), unlink the tmp name, fsync the directory."""
+    tmp = tmp_path(root, stem)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
     try:
         try:
-            _write_all(fd, head)
-            _write_all(fd, payload)
+            for part in parts:
+                _write_all(fd, part)
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -130,7 +136,6 @@ def publish_row(root: Path, meta: RowMeta, payload: bytes, algo: ChecksumAlgo = 
         except FileNotFoundError:
             pass  # renamed into place
     fsync_dir(root)
-    return row_size(meta.n_tokens, len(payload))
 
 
 def _link_or_rename(tmp: Path, final: Path) -> None:
@@ -180,8 +185,8 @@ def scan_dir(
     for entry in os.scandir(root):
         name = entry.name
         if TMP_MARK in name:
-            if _is_orphan(entry, now, tmp_ttl_s):
-                _unlink_quietly(entry.path)
+            if is_orphan(entry, now, tmp_ttl_s):
+                unlink_quietly(entry.path)
                 report.orphans_removed += 1
             else:
                 report.tmp_kept += 1
@@ -194,7 +199,7 @@ def scan_dir(
             if name != f"{row.meta.key}{ROW_SUFFIX}":
                 raise CorruptRow(CorruptReason.KEY_MISMATCH, f"file {name} holds {row.meta.key}")
         except CorruptRow as exc:
-            _unlink_quietly(entry.path)
+            unlink_quietly(entry.path)
             report.rejected[exc.reason.value] = report.rejected.get(exc.reason.value, 0) + 1
             continue
         except OSError:
@@ -203,7 +208,7 @@ def scan_dir(
     return report
 
 
-def _is_orphan(entry: os.DirEntry[str], now: float, ttl: float) -> bool:
+def is_orphan(entry: os.DirEntry[str], now: float, ttl: float) -> bool:
     """A tmp file is an orphan when its writer process is gone or it is older than `ttl`."""
     try:
         age = now - entry.stat(follow_symlinks=False).st_mtime
@@ -226,7 +231,7 @@ def _is_orphan(entry: os.DirEntry[str], now: float, ttl: float) -> bool:
     return False
 
 
-def _unlink_quietly(path: str | Path) -> None:
+def unlink_quietly(path: str | Path) -> None:
     try:
         os.unlink(path)
     except OSError:

@@ -1,0 +1,179 @@
+"""The chunked cache's storage (chunk_store.py, chunk_format.py): rows as manifests over
+shared chunks, stored once; served only when every chunk verifies; a scan that rejects old
+versions and collects orphans; eviction that takes leaves first."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import textwrap
+from pathlib import Path
+
+import pytest
+from crash_kills import kill_at_random, tmp_files
+
+from workbench.cache import keys
+from workbench.cache.chunk_format import CHUNK_SUFFIX, MANIFEST_SUFFIX
+from workbench.cache.chunk_store import ChunkStore
+from workbench.cache.format import CorruptRow, RowMeta
+from workbench.cache.store import publish_row
+from workbench.cache.types import SaveReason
+
+NS = bytes(range(32))
+FP = bytes(32)
+CS = 4
+
+
+def payloads(tokens: list[int], first: int = 0) -> list[bytes]:
+    """A stand-in chunk payload per chunk: its tokens repeated (distinct per chunk key)."""
+    keys_ = keys.chunk_keys(NS, tokens, CS)
+    return [k * (100 + i) for i, k in enumerate(keys_)][first:]
+
+
+def put(store: ChunkStore, tokens: list[int], **kw) -> str | None:
+    return store.put_row(NS, FP, tokens, payloads(tokens, store.missing(NS, tokens)), **kw)
+
+
+def files(root: Path, suffix: str) -> list[Path]:
+    return sorted(p for p in root.iterdir() if p.name.endswith(suffix))
+
+
+def test_a_shared_prefix_is_stored_once_and_rows_read_back(tmp_path):
+    store = ChunkStore(tmp_path / "d", chunk_size=CS)
+    turns = [list(range(n)) for n in (6, 10, 13, 20)]  # a conversation growing turn by turn
+    for t in turns:
+        assert put(store, t) == keys.row_key(NS, t)
+    # distinct full chunks: 0..4, 4..8, 8..12, 12..16, 16..20, plus the tails 4..6, 8..10, 12..13
+    assert len(files(store.root, CHUNK_SUFFIX)) == 8
+    assert len(files(store.root, MANIFEST_SUFFIX)) == 4
+    assert store.counters.get("chunks_shared") == 1 + 2 + 3
+    for t in turns:
+        m, got = store.read_row(keys.row_key(NS, t))
+        assert got == payloads(t) and m.n_tokens == len(t)
+    first = keys.chunk_keys(NS, turns[0], CS)[0]
+    assert store.chunks[first].refcount == 4
+    assert store.used == sum(p.stat().st_size for p in store.root.iterdir())
+
+
+def test_lookup_finds_rows_and_chains_of_full_chunks(tmp_path):
+    store = ChunkStore(tmp_path / "d", chunk_size=CS)
+    put(store, list(range(10)))
+    m = store.lookup(NS, list(range(10)) + [99])
+    assert m is not None and m.n_tokens == 10 and m.key == keys.row_key(NS, list(range(10)))
+    # a prompt that leaves the row after 9 tokens still reuses its two full chunks
+    m = store.lookup(NS, list(range(9)) + [77, 78])
+    assert m is not None and (m.n_tokens, m.key) == (8, None)
+    assert store.read_chunks(m.chunks) == payloads(list(range(10)))[:2]
+    assert store.lookup(bytes(32), list(range(10))) is None  # another namespace
+
+
+def test_a_row_is_served_only_when_every_chunk_verifies(tmp_path):
+    store = ChunkStore(tmp_path / "d", chunk_size=CS)
+    a, b = list(range(10)), list(range(8)) + [50, 51, 52]
+    put(store, a), put(store, b)
+    second = store._chunk_path(keys.chunk_keys(NS, a, CS)[1])
+    raw = bytearray(second.read_bytes())
+    raw[-1] ^= 1
+    second.write_bytes(bytes(raw))
+    with pytest.raises(CorruptRow, match="payload_checksum"):
+        store.read_row(keys.row_key(NS, a))
+    # the bad chunk went with every row naming it (both) and what continued it
+    assert keys.row_key(NS, a) not in store and keys.row_key(NS, b) not in store
+    assert not second.exists() and store.counters.get("rejected_payload_checksum") == 1
+    assert len(store.chunks) == 1  # the first chunk: full, a servable prefix
+
+
+def test_scan_adopts_verified_rows_rejects_old_versions_and_collects_orphans(tmp_path):
+    root = tmp_path / "d"
+    store = ChunkStore(root, chunk_size=CS)
+    a = list(range(10))
+    put(store, a)
+    put(store, list(range(30, 40)))
+    # a version-1 row file, a manifest whose chunk is gone, an orphan chain, a torn chunk
+    publish_row(root, RowMeta(keys.row_key(NS, [1, 2]), NS, FP, keys.token_bytes([1, 2])), b"x" * 10)
+    store._chunk_path(keys.chunk_keys(NS, list(range(30, 40)), CS)[0]).unlink()
+    torn = root / ("ab" * 16 + CHUNK_SUFFIX)
+    torn.write_bytes(b"WBKVCHN\x00\x02\x00" + bytes(20))
+    fresh = ChunkStore(root, chunk_size=CS)
+    rejected = fresh.scan()
+    assert rejected == {"bad_version": 1, "missing_chunk": 1, "truncated": 1}
+    assert list(fresh.rows) == [keys.row_key(NS, a)]
+    assert fresh.read_row(keys.row_key(NS, a))[1] == payloads(a)
+    # the other row's later chunks lost their parent: collected, not adopted
+    assert fresh.counters.get("orphans_removed") == 2
+    assert sorted(p.name for p in root.iterdir()) == sorted(
+        [k.hex() + CHUNK_SUFFIX for k in keys.chunk_keys(NS, a, CS)] + [keys.row_key(NS, a) + MANIFEST_SUFFIX])
+    assert fresh.used == store.used - sum(
+        store.chunks[k].size for k in keys.chunk_keys(NS, list(range(30, 40)), CS)) - 160 - 40 - 48
+
+
+def test_eviction_takes_leaves_first_and_keeps_pinned_rows(tmp_path):
+    clock = iter(range(1000)).__next__
+    store = ChunkStore(tmp_path / "d", chunk_size=CS, clock=lambda: float(clock()))
+    sys_prompt = list(range(8))
+    pinned = put(store, sys_prompt, pinned=True, reason=SaveReason.AGENT_PREFIX)
+    put(store, sys_prompt + [100, 101, 102, 103, 104])
+    put(store, sys_prompt + [200, 201, 202, 203, 204])
+    leaves = {c.key for c in store.leaves()}
+    shared = keys.chunk_keys(NS, sys_prompt, CS)
+    assert not leaves & set(shared)
+    freed = store.evict_bytes(1)
+    assert freed > 0
+    # the oldest leaf went (the first user's tail), its row with it; the shared prefix stayed
+    assert keys.row_key(NS, sys_prompt + [100, 101, 102, 103, 104]) not in store
+    assert all(k in store.chunks for k in shared) and pinned in store
+    store.evict_bytes(10**9)
+    # everything else evicted before the pinned row's chunks, which go last
+    assert store.rows == {} and store.chunks == {}
+    assert store.used == 0
+
+
+def test_budget_evicts_to_make_room_never_the_row_being_written(tmp_path):
+    probe = ChunkStore(tmp_path / "p", chunk_size=CS)
+    put(probe, list(range(12)))
+    budget = probe.used * 2 + 100
+    store = ChunkStore(tmp_path / "d", budget, chunk_size=CS)
+    for base in range(0, 500, 100):
+        assert put(store, list(range(base, base + 12))) is not None
+        assert store.used <= budget
+    assert keys.row_key(NS, list(range(400, 412))) in store
+    assert store.counters.get("evictions_chunks") > 0
+    assert put(store, list(range(10_000, 10_000 + 200))) is None  # larger than the budget
+
+
+WRITER = textwrap.dedent(
+    """
+    import random, sys
+    from workbench.cache import keys
+    from workbench.cache.chunk_store import ChunkStore
+    root, seed = sys.argv[1], int(sys.argv[2])
+    NS, FP = bytes(range(32)), bytes(32)
+    store = ChunkStore(root, chunk_size=4)
+    store.scan()
+    rng = random.Random(seed)
+    print("ready", flush=True)
+    while True:
+        base = [rng.randrange(5) for _ in range(8)]
+        tokens = base + [rng.randrange(1000) for _ in range(rng.randrange(1, 40))]
+        ks = keys.chunk_keys(NS, tokens, 4)
+        first = store.missing(NS, tokens)
+        store.put_row(NS, FP, tokens, [k * 20_000 for k in ks[first:]])
+    """
+)
+
+
+def test_sigkill_mid_chain_leaves_only_rows_that_verify(tmp_path):
+    root = tmp_path / "d"
+    rng = random.Random(7)
+    for i in range(12):
+        assert kill_at_random(WRITER, [str(root), str(i)], rng, 0.15) == -signal.SIGKILL
+    store = ChunkStore(root, chunk_size=4)
+    rejected = store.scan(tmp_ttl_s=0)
+    assert rejected == {}  # a kill leaves tmp files and manifest-less chunks, never a bad file
+    assert not tmp_files(root)
+    assert store.rows
+    for key, m in store.rows.items():
+        _, got = store.read_row(key)
+        assert got == [k * 20_000 for k in m.chunks]
+    assert os.listdir(root)

@@ -1,0 +1,429 @@
+"""The chunked KV cache's storage in one directory: rows as manifests over shared chunks.
+
+A row of ``tokens`` is stored as the chunks ``chunk_format.chunks_of`` names (keys by
+``keys.chunk_keys``) plus a manifest; a chunk another row already stored is not written
+again, so a prefix shared by many rows, sessions or turns is stored once. What is kept per
+chunk (``ChunkInfo``): its size, its parent, the rows whose manifests name it (its
+refcount), how many stored chunks continue it (its children) and its policy bookkeeping.
+
+* **Serving.** ``read_row`` returns a row's chunk payloads only when its manifest and every
+  chunk verify (format checks, keys recomputed, payload checksums); a chunk that fails is
+  deleted with every row that names it, and the read raises ``CorruptRow``. ``lookup`` gives
+  the longest stored prefix of a prompt: a row (a manifest whose tokens are a prefix of the
+  prompt) or a chain of full chunks of the prompt's own keys, whichever is longer.
+* **Crash safety.** Chunks, then the manifest, each by ``store.publish_file`` (tmp, fsync,
+  link, fsync dir): a crash leaves at worst chunks without a manifest (kept when full, as
+  servable prefixes; a tail chunk no manifest names is deleted at scan) and tmp files.
+* **Scan.** Adopts chunks that verify and whose parent chain is present, and manifests whose
+  chunks are all present; deletes and counts the rest (``rejected_<reason>``, orphans), and
+  rejects files of other format versions (version 1 rows, ``*.kv``) as ``bad_version``.
+* **Eviction, leaves first.** Only a chunk no stored chunk continues is a candidate; the
+  policy (any of policies.py, scored per chunk on the chunk's ``RowStats``) orders the
+  candidates, chunks of pinned or live rows last. Evicting a chunk drops the rows that end
+  at it; its parent may become a leaf in turn. A full chunk no row names stays as a
+  servable prefix until it is evicted; a tail chunk no row names is deleted at once.
+
+Not thread-safe by itself: the caller serialises calls (one lock, as TieredCache does).
+"""
+
+from __future__ import annotations
+
+import heapq
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from workbench.cache import keys
+from workbench.cache.chunk_format import (
+    CHUNK_SUFFIX,
+    MANIFEST_SUFFIX,
+    ChunkMeta,
+    Manifest,
+    chunk_file_size,
+    chunks_of,
+    encode_chunk,
+    encode_manifest,
+    manifest_size,
+    read_chunk,
+    read_manifest,
+)
+from workbench.cache.counters import Counters
+from workbench.cache.format import CorruptReason, CorruptRow
+from workbench.cache.policies import EvictionPolicy, get_policy
+from workbench.cache.prefix_index import PrefixIndex
+from workbench.cache.store import (
+    ROW_SUFFIX,
+    TMP_MARK,
+    ensure_private_dir,
+    fsync_dir,
+    is_orphan,
+    publish_file,
+    unlink_quietly,
+)
+from workbench.cache.types import RowStats, SaveReason
+
+DEFAULT_CHUNK_SIZE = 256
+
+
+@dataclass(slots=True)
+class ChunkInfo:
+    key: bytes
+    parent: bytes | None
+    n_tokens: int
+    size: int
+    full: bool
+    stats: RowStats
+    rows: set[str] = field(default_factory=set)
+    children: int = 0
+
+    @property
+    def refcount(self) -> int:
+        return len(self.rows)
+
+
+@dataclass(slots=True, frozen=True)
+class ChunkMatch:
+    """The longest stored prefix of a prompt: ``n_tokens`` held by ``chunks`` (the row
+    ``key`` when a manifest matched, None for a chain of full chunks)."""
+
+    n_tokens: int
+    chunks: tuple[bytes, ...]
+    key: str | None
+
+
+class ChunkStore:
+    """Rows as manifests over content-addressed chunks in one private directory."""
+
+    def __init__(self, root: str | os.PathLike[str], budget_bytes: int | None = None, *,
+                 chunk_size: int = DEFAULT_CHUNK_SIZE, policy: Any = "lru",
+                 counters: Counters | None = None, clock: Callable[[], float] = time.time) -> None:
+        if chunk_size < 1:
+            raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+        self.root = ensure_private_dir(Path(root))
+        self.budget = budget_bytes
+        self.chunk_size = chunk_size
+        self.policy: EvictionPolicy = get_policy(policy)
+        self.counters = counters or Counters()
+        self.clock = clock
+        self.chunks: dict[bytes, ChunkInfo] = {}
+        self.rows: dict[str, Manifest] = {}
+        self.index = PrefixIndex()
+        self.used = 0
+        self._seq = 0
+
+    # --- paths and bookkeeping ---------------------------------------------------------
+
+    def _chunk_path(self, key: bytes) -> Path:
+        return self.root / f"{key.hex()}{CHUNK_SUFFIX}"
+
+    def _manifest_path(self, key: str) -> Path:
+        return self.root / f"{key}{MANIFEST_SUFFIX}"
+
+    def _tick(self) -> int:
+        self._seq += 1
+        return self._seq
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.rows
+
+    def missing(self, namespace: bytes, tokens: keys.Tokens) -> int:
+        """Index of the first chunk of a row of ``tokens`` not stored (its chunks before it
+        are): the caller cuts only the chunks from there (``kv_chunks.cut(first=...)``)."""
+        for i, k in enumerate(keys.chunk_keys(namespace, tokens, self.chunk_size)):
+            if k not in self.chunks:
+                return i
+        return -(-len(keys.token_bytes(tokens)) // (4 * self.chunk_size))
+
+    def _adopt_chunk(self, meta: ChunkMeta, size: int, created_at: float) -> ChunkInfo:
+        info = ChunkInfo(meta.key, meta.parent, meta.n_tokens, size, meta.n_tokens == self.chunk_size,
+                         RowStats(meta.key.hex(), size, meta.n_tokens, created_at, seq=self._tick()))
+        self.chunks[meta.key] = info
+        self.used += size
+        if meta.parent is not None:
+            self.chunks[meta.parent].children += 1
+        return info
+
+    def _adopt_row(self, m: Manifest) -> None:
+        self.rows[m.key] = m
+        self.index.insert(m.namespace, m.tokens, m.key)
+        for k in m.chunks:
+            self.chunks[k].rows.add(m.key)
+        self._protect(m.chunks)
+
+    def _protect(self, chunk_keys: Sequence[bytes]) -> None:
+        for k in chunk_keys:
+            info = self.chunks[k]
+            info.stats.pinned = any(self.rows[r].pinned for r in info.rows)
+
+    # --- writing -----------------------------------------------------------------------
+
+    def put_row(self, namespace: bytes, fingerprint: bytes, tokens: keys.Tokens,
+                pieces: Sequence[bytes], reason: SaveReason = SaveReason.FINISH, *,
+                pinned: bool = False) -> str | None:
+        """Store a row; ``pieces``: the payloads of its chunks from ``missing()`` on (chunks
+        stored already are not written again). Returns the row key, None when the row cannot
+        fit the budget."""
+        raw = keys.token_bytes(tokens)
+        key = keys.row_key_from_bytes(namespace, raw)
+        if key in self.rows:
+            self.counters.inc("saves_duplicate")
+            return key
+        now = self.clock()
+        metas = chunks_of(namespace, fingerprint, raw, self.chunk_size, now)
+        first = len(metas) - len(pieces)
+        if first < 0 or any(m.key not in self.chunks for m in metas[:first]):
+            raise ValueError(f"{len(pieces)} chunk payloads for a row whose stored chunks end before chunk {first}")
+        manifest = Manifest(key, namespace, fingerprint, raw, self.chunk_size, tuple(m.key for m in metas),
+                            SaveReason(reason), now, 0, pinned)
+        new = [(m, p) for m, p in zip(metas[first:], pieces) if m.key not in self.chunks]
+        need = sum(chunk_file_size(m.n_tokens, len(p)) for m, p in new) + manifest_size(len(raw) // 4, len(metas))
+        if not self._make_room(need, keep=set(manifest.chunks)):
+            self.counters.inc("saves_too_large")
+            return None
+        for m, p in new:
+            publish_file(self.root, self._chunk_path(m.key), m.key.hex(), (encode_chunk(m, p), p))
+            self._adopt_chunk(m, chunk_file_size(m.n_tokens, len(p)), now)
+            self.counters.inc("chunks_written")
+        self.counters.inc("chunks_shared", len(metas) - len(new))
+        publish_file(self.root, self._manifest_path(key), key, (encode_manifest(manifest),))
+        self.used += manifest_size(manifest.n_tokens, len(metas))
+        self._adopt_row(manifest)
+        if pinned:
+            self.pin(key)
+        self.counters.inc(f"saves_{SaveReason(reason).name.lower()}")
+        return key
+
+    def pin(self, key: str) -> None:
+        """Pin a row (its chunks are evicted last). The flag lives in the manifest, rewritten
+        crash-safely under a fresh name then renamed over the old one."""
+        m = self.rows[key]
+        if not m.pinned:
+            m = Manifest(m.key, m.namespace, m.fingerprint, m.tokens, m.chunk_size, m.chunks, m.reason,
+                         m.created_at, m.hits, True)
+            tmp = self.root / f"{key}{TMP_MARK}pin{MANIFEST_SUFFIX}"
+            unlink_quietly(tmp)
+            publish_file(self.root, tmp, key, (encode_manifest(m),))
+            os.replace(tmp, self._manifest_path(key))
+            fsync_dir(self.root)
+            self.rows[key] = m
+        self._protect(m.chunks)
+
+    # --- reading -----------------------------------------------------------------------
+
+    def lookup(self, namespace: bytes, tokens: keys.Tokens) -> ChunkMatch | None:
+        """The longest stored prefix of ``tokens``: a row, or a chain of the prompt's full chunks."""
+        raw = keys.token_bytes(tokens)
+        best: ChunkMatch | None = None
+        match = self.index.longest_prefix(namespace, raw)
+        if match is not None:
+            best = ChunkMatch(match.n_tokens, self.rows[match.key].chunks, match.key)
+        full = keys.chain_hashes(namespace, raw, self.chunk_size)
+        depth = 0
+        while depth < len(full) and full[depth] in self.chunks:
+            depth += 1
+        if depth and (best is None or depth * self.chunk_size > best.n_tokens):
+            best = ChunkMatch(depth * self.chunk_size, tuple(full[:depth]), None)
+        return best
+
+    def read_chunks(self, chunk_keys: Sequence[bytes], max_payload: int | None = None) -> list[bytes]:
+        """The payloads of a chain of chunks, each verified; CorruptRow (the bad chunk and
+        the rows naming it removed) when one does not verify, RowMissing-like KeyError when
+        one is not stored."""
+        out = []
+        now = self.clock()
+        for k in chunk_keys:
+            if k not in self.chunks:
+                raise KeyError(k.hex())
+            try:
+                _, payload, _ = read_chunk(self._chunk_path(k), max_payload=max_payload)
+            except CorruptRow as exc:
+                self.reject_chunk(k, exc.reason)
+                raise
+            except FileNotFoundError:
+                self.reject_chunk(k, CorruptReason.TRUNCATED)
+                raise CorruptRow(CorruptReason.TRUNCATED, "chunk file missing") from None
+            out.append(payload)
+        for k in chunk_keys:
+            stats = self.chunks[k].stats
+            stats.hits += 1
+            stats.last_hit_at = now
+            stats.seq = self._tick()
+            getattr(self.policy, "on_hit", lambda row: None)(stats)
+        return out
+
+    def read_row(self, key: str, max_payload: int | None = None) -> tuple[Manifest, list[bytes]]:
+        m = self.rows[key]
+        return m, self.read_chunks(m.chunks, max_payload)
+
+    # --- removing and evicting ---------------------------------------------------------
+
+    def reject_chunk(self, key: bytes, reason: CorruptReason) -> None:
+        self.counters.inc(f"rejected_{reason.value}")
+        self.counters.inc("rejected_total")
+        self._drop_chunk(key)
+
+    def remove_row(self, key: str) -> bool:
+        """Delete a row's manifest; its chunks stay while another row names them or, full
+        ones, as servable prefixes; a tail chunk no row names goes."""
+        m = self.rows.pop(key, None)
+        if m is None:
+            return False
+        self.index.remove(key)
+        unlink_quietly(self._manifest_path(key))
+        self.used -= manifest_size(m.n_tokens, len(m.chunks))
+        for k in m.chunks:
+            info = self.chunks.get(k)
+            if info is not None:
+                info.rows.discard(key)
+        self._protect([k for k in m.chunks if k in self.chunks])
+        tail = self.chunks.get(m.chunks[-1])
+        if tail is not None and not tail.full and not tail.rows and not tail.children:
+            self._drop_chunk(tail.key)
+        return True
+
+    def _drop_chunk(self, key: bytes) -> None:
+        """Delete a chunk, everything that continues it, and the rows that name it."""
+        info = self.chunks.get(key)
+        if info is None:
+            return
+        for child in [c for c in self.chunks.values() if c.parent == key]:
+            self._drop_chunk(child.key)
+        for row in list(info.rows):
+            self.remove_row(row)
+        if key not in self.chunks:  # removing the rows dropped it as an unnamed tail
+            return
+        del self.chunks[key]
+        self.used -= info.size
+        if info.parent is not None and info.parent in self.chunks:
+            self.chunks[info.parent].children -= 1
+        unlink_quietly(self._chunk_path(key))
+
+    def leaves(self) -> list[ChunkInfo]:
+        """Chunks no stored chunk continues: the only ones eviction may take."""
+        return [c for c in self.chunks.values() if c.children == 0]
+
+    def score(self, info: ChunkInfo) -> float:
+        return self.policy.priority(info.stats, self.clock())
+
+    def _make_room(self, need: int, keep: set[bytes]) -> bool:
+        if self.budget is None:
+            return True
+        if need > self.budget:
+            return False
+        while self.used + need > self.budget:
+            victim = self._victim(keep)
+            if victim is None:
+                return False
+            self.counters.inc("evictions_chunks")
+            getattr(self.policy, "on_evict", lambda row: None)(victim.stats)
+            self._drop_chunk(victim.key)
+        return True
+
+    def _victim(self, keep: set[bytes]) -> ChunkInfo | None:
+        now = self.clock()
+        heap = [(c.stats.protected, self.policy.priority(c.stats, now), c.stats.seq, c.key)
+                for c in self.leaves() if c.key not in keep]
+        return self.chunks[heapq.nsmallest(1, heap)[0][3]] if heap else None
+
+    def evict_bytes(self, n: int) -> int:
+        """Evict leaves until at least ``n`` bytes are freed; returns the bytes freed."""
+        before = self.used
+        while before - self.used < n:
+            victim = self._victim(set())
+            if victim is None:
+                break
+            self.counters.inc("evictions_chunks")
+            self._drop_chunk(victim.key)
+        return before - self.used
+
+    # --- start-up ------------------------------------------------------------------------
+
+    def scan(self, *, tmp_ttl_s: float = 600.0) -> dict[str, int]:
+        """Adopt what verifies (see the module doc); returns what was rejected, by reason."""
+        rejected: dict[str, int] = {}
+
+        def reject(path: str, reason: str) -> None:
+            unlink_quietly(path)
+            rejected[reason] = rejected.get(reason, 0) + 1
+            self.counters.inc(f"rejected_{reason}")
+            self.counters.inc("rejected_total")
+
+        chunk_files: dict[bytes, tuple[ChunkMeta, int]] = {}
+        manifests: list[tuple[str, Manifest]] = []
+        now = time.time()
+        for entry in os.scandir(self.root):
+            name = entry.name
+            if TMP_MARK in name:
+                if is_orphan(entry, now, tmp_ttl_s):
+                    unlink_quietly(entry.path)
+                    self.counters.inc("orphans_removed")
+                continue
+            try:
+                if name.endswith(CHUNK_SUFFIX):
+                    meta, _, length = read_chunk(entry.path, load_payload=False)
+                    if name != meta.key.hex() + CHUNK_SUFFIX:
+                        raise CorruptRow(CorruptReason.KEY_MISMATCH, name)
+                    chunk_files[meta.key] = (meta, chunk_file_size(meta.n_tokens, length))
+                elif name.endswith(MANIFEST_SUFFIX):
+                    m = read_manifest(entry.path)
+                    if name != m.key + MANIFEST_SUFFIX:
+                        raise CorruptRow(CorruptReason.KEY_MISMATCH, name)
+                    manifests.append((entry.path, m))
+                elif name.endswith(ROW_SUFFIX):
+                    raise CorruptRow(CorruptReason.BAD_VERSION, "a version 1 row file")
+            except CorruptRow as exc:
+                reject(entry.path, exc.reason.value)
+            except OSError:
+                continue
+        self._adopt_chains(chunk_files, reject)
+        for path, m in manifests:
+            if m.key in self.rows:
+                continue
+            if not all(k in self.chunks for k in m.chunks):
+                reject(path, "missing_chunk")
+                continue
+            self.used += manifest_size(m.n_tokens, len(m.chunks))
+            self._adopt_row(m)
+        for info in [c for c in self.chunks.values() if not c.full and not c.rows and not c.children]:
+            self.counters.inc("orphans_removed")
+            self._drop_chunk(info.key)
+        return rejected
+
+    def _adopt_chains(self, found: dict[bytes, tuple[ChunkMeta, int]],
+                      reject: Callable[[str, str], None]) -> None:
+        """Adopt chunks parent first; a chunk whose parent is absent is an orphan."""
+        pending = dict(found)
+        progress = True
+        while pending and progress:
+            progress = False
+            for k, (meta, size) in list(pending.items()):
+                if meta.parent is None or meta.parent in self.chunks:
+                    self._adopt_chunk(meta, size, meta.created_at)
+                    del pending[k]
+                    progress = True
+        for k in pending:
+            self.counters.inc("orphans_removed")
+            unlink_quietly(self._chunk_path(k))
+
+    # --- views -----------------------------------------------------------------------------
+
+    def chunk_rows(self) -> list[dict[str, Any]]:
+        """One dict per chunk: key, parent, tokens, bytes, refcount, children, score, tier."""
+        return [{"key": c.key.hex(), "parent": c.parent.hex() if c.parent else None,
+                 "n_tokens": c.n_tokens, "size_bytes": c.size, "refcount": c.refcount,
+                 "children": c.children, "leaf": c.children == 0, "protected": c.stats.protected,
+                 "score": self.score(c), "hits": c.stats.hits, "tier": self.root.name}
+                for c in self.chunks.values()]
+
+    def row_views(self) -> list[dict[str, Any]]:
+        """One dict per row: key, tokens, chunks, bytes (its own share: chunks no other row names)."""
+        out = []
+        for m in self.rows.values():
+            own = sum(self.chunks[k].size for k in m.chunks if self.chunks[k].refcount == 1)
+            out.append({"key": m.key, "n_tokens": m.n_tokens, "n_chunks": len(m.chunks),
+                        "bytes": sum(self.chunks[k].size for k in m.chunks), "own_bytes": own,
+                        "reason": m.reason.name.lower(), "pinned": m.pinned})
+        return out
