@@ -45,6 +45,14 @@ __all__ = [
 ]
 
 
+def __getattr__(name: str):  # noqa: ANN202 - `wb.cluster` imports Ray only when it is used
+    if name == "cluster":
+        import importlib
+
+        return importlib.import_module(".cluster", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def load_ipython_extension(ipython):  # noqa: ANN001 - IPython's hook, `%load_ext workbench`
     """Register the notebook magics (%wb, %%generate, %%chat); see workbench.notebook."""
     from .notebook import load_ipython_extension as load

@@ -1,0 +1,219 @@
+"""The cluster on a real local Ray: 2 replicas of the default model behind the router.
+
+Order matters only at the end: the fault tests kill replicas and wait for Ray to restart
+them, so they run last (pytest keeps file order)."""
+
+from __future__ import annotations
+
+import gc
+import time
+
+import pytest
+import ray
+
+from workbench import Done, Error, TokenId
+from workbench.errors import EmptyPrompt, InvalidOption, ModelFileError, NoSession, ReplicaDown, SessionLost
+
+from .conftest import wait_all_up
+
+pytestmark = [pytest.mark.model, pytest.mark.timeout(300)]
+
+
+def prefix(seed: int, n: int) -> list[int]:
+    """A tenant's 'system prompt' as token ids (distinct per seed)."""
+    return [1000 + (seed * 7919 + i * 31) % 30000 for i in range(n)]
+
+
+def test_a_cluster_reply_is_the_in_process_reply(cluster, model, scope):
+    import workbench as wb
+
+    local = wb.complete(model, "The capital of France is", response_tokens=12)
+    remote = cluster.complete("The capital of France is", response_tokens=12, cache_scope=scope)
+    assert remote.reply == local.reply and remote.tokens == local.tokens
+    assert remote.finish_reason == "length" and remote.model in {m.name for m in cluster.members}
+
+
+def test_stream_cancel_crosses_the_actor_boundary(cluster, scope):
+    s = cluster.stream("Once upon a time", response_tokens=1000, ignore_eos=True, cache_scope=scope)
+    n = 0
+    for ev in s:
+        if isinstance(ev, TokenId):
+            n += 1
+            if n == 3:
+                s.cancel()
+    assert isinstance(ev, Done) and ev.finish_reason == "cancelled"
+    assert ev.stats.generated_tokens < 100
+    assert not [r for r in cluster.requests() if r["replica"] == s.replica]
+
+
+def test_dropping_a_stream_cancels_it_on_its_replica(cluster, scope):
+    s = cluster.stream("Once upon a time", response_tokens=3000, ignore_eos=True, cache_scope=scope)
+    replica = s.replica
+    assert isinstance(next(iter(s)), TokenId)
+    del s
+    gc.collect()
+    deadline = time.monotonic() + 15
+    while [r for r in cluster.requests() if r["replica"] == replica] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [r for r in cluster.requests() if r["replica"] == replica]  # 3000 tokens take minutes
+
+
+def test_a_remote_error_is_the_same_workbench_error(cluster, scope):
+    with pytest.raises(InvalidOption) as e:
+        cluster.complete([5, 10**9], response_tokens=2, cache_scope=scope)  # checked by the replica's vocab
+    assert e.value.key == "prompt" and e.value.value == 10**9 and "49152" in str(e.value)
+    with pytest.raises(EmptyPrompt):
+        cluster.complete("", cache_scope=scope)
+    with pytest.raises(NoSession):
+        cluster.continue_session("never-started", [1, 2], cache_scope=scope)
+    with pytest.raises(InvalidOption) as e:  # checked before routing: no replica sees it
+        cluster.complete("hi", temperature=-1)
+    assert e.value.key == "temperature"
+    assert all(m.state == "up" for m in cluster.members)
+
+
+def test_start_checks_its_options_before_starting_anything(tmp_path):
+    import workbench.cluster as wc
+
+    with pytest.raises(InvalidOption) as e:
+        wc.start(replicas=0)
+    assert e.value.key == "replicas"
+    with pytest.raises(InvalidOption) as e:
+        wc.start(replicas=2, n_ctx="big")
+    assert e.value.key == "n_ctx"
+    with pytest.raises(InvalidOption) as e:
+        wc.start(replicas=2, router="fastest")
+    assert e.value.key == "router"
+    with pytest.raises(ModelFileError):
+        wc.start(replicas=2, model=str(tmp_path / "missing.gguf"))
+
+
+def run_trace(cluster, trace, scope):
+    """Requests one at a time, each finished and saved before the next is routed; each
+    saves its tenant's 160-token prefix as a row of its own (prefix_checkpoint_len)."""
+    out = []
+    for prompt in trace:
+        r = cluster.complete(prompt, response_tokens=2, cache_scope=scope, prefix_checkpoint_len=160)
+        cluster.wait_for_saves()
+        out.append(r)
+    return out
+
+
+def scripted_trace():
+    """Tenant A twice, tenant B twice, A again (each a 160-token prefix + its question)."""
+    a, b = prefix(1, 160), prefix(2, 160)
+    return [a + prefix(10, 20), a + prefix(11, 20), b + prefix(12, 20), b + prefix(13, 20), a + prefix(14, 20)]
+
+
+def saved(results):
+    return [r.stats.prompt_tokens - r.stats.prefilled_tokens for r in results]
+
+
+def test_cache_affinity_routes_each_tenant_prefix_to_the_replica_that_caches_it(cluster, scope):
+    cluster.set_router("cache_affinity")
+    start = len(cluster.routing.log)
+    results = run_trace(cluster, scripted_trace(), scope)
+    log = list(cluster.routing.log)[start:]
+    where = [rec["replica"] for rec in log]
+    assert where[1] == where[0] and where[4] == where[0]  # A's prefix stays where it is cached
+    assert where[2] != where[0] and where[3] == where[2]  # B's new prefix goes to the other replica
+    assert "least loaded" in log[0]["reason"] and "least loaded" in log[2]["reason"]
+    for rec in (log[1], log[3], log[4]):
+        assert rec["reason"] == "160 of 180 tokens cached"
+        assert rec["probed"] == {rec["replica"]: (160, 0), **{k: (0, 0) for k in rec["probed"] if k != rec["replica"]}}
+    assert saved(results) == [0, 160, 0, 160, 160]
+
+
+def test_prefix_tree_and_round_robin_on_the_same_trace(cluster, scope):
+    cluster.set_router("prefix_tree")
+    try:
+        tree = run_trace(cluster, scripted_trace(), scope + "-tree")
+        cluster.set_router("round_robin")
+        rr = run_trace(cluster, scripted_trace(), scope + "-rr")
+    finally:
+        cluster.set_router("cache_affinity")
+    assert saved(tree) == [0, 160, 0, 160, 160]  # the tree sends each repeat to its tenant's replica
+    assert [r.model for r in rr][::2] == [rr[0].model] * 3 and rr[1].model != rr[0].model  # alternates
+    assert saved(rr) == [0, 0, 0, 0, 160]  # only A's third turn lands where A's row is
+
+
+def test_a_session_sticks_to_its_replica(cluster, scope):
+    first = cluster.complete(prefix(3, 40), response_tokens=4, session_id="s1", cache_scope=scope)
+    nxt = cluster.continue_session("s1", [1500, 1501, 1502], response_tokens=4, cache_scope=scope)
+    assert nxt.model == first.model and nxt.stats.cache_hit_kind == "continuation"
+    recs = [r for r in cluster.routing.log if r["session"] == "s1"]
+    assert recs[-1]["reason"] == "session"
+    cluster.end_session("s1", cache_scope=scope)
+    with pytest.raises(NoSession):
+        cluster.end_session("s1", cache_scope=scope)
+
+
+def test_a_row_made_on_one_replica_is_restored_by_the_other(cluster, scope):
+    prompt = prefix(4, 300)
+    cluster.set_router(lambda req, reps: reps[0].index)
+    try:
+        first = cluster.complete(prompt, response_tokens=6, cache_scope=scope)
+        assert first.stats.cache_hit_kind == "cold"
+        lens = cluster.cached_prefix_lens(prompt, scope)
+        assert lens[first.model] >= 290 and min(lens.values()) == 0  # the other has not scanned it yet
+        cluster.sync_cache()
+        assert min(cluster.cached_prefix_lens(prompt, scope).values()) >= 290
+        assert max(cluster.cached_prefix_lens(prompt, scope + "-other").values()) == 0  # tenant scope holds
+        cluster.set_router(lambda req, reps: [r for r in reps if r.name != first.model][0].index)
+        second = cluster.complete(prompt, response_tokens=6, cache_scope=scope)
+    finally:
+        cluster.set_router("cache_affinity")
+    assert second.model != first.model
+    assert second.stats.cache_hit_kind in ("exact", "partial") and second.stats.prefilled_tokens <= 10
+    assert second.tokens == first.tokens
+
+
+def test_views_show_replicas_and_decisions(cluster, scope):
+    cluster.complete(prefix(5, 30), response_tokens=2, cache_scope=scope)
+    reps = cluster.replicas()
+    assert list(reps.index) == [m.name for m in cluster.members]
+    assert {"state", "in_flight", "routed", "queue_depth", "bytes_disk"} <= set(reps.columns)
+    assert (reps["bytes_disk"] > 0).all() and reps["routed"].sum() == len(cluster.routing.log)
+    dec = cluster.decisions()
+    assert len(dec) == len(cluster.routing.log)
+    assert {"replica", "reason", "hit", "reused_tokens", f"prefix[{cluster.members[0].name}]"} <= set(dec.columns)
+    fig = cluster.plot()
+    assert [b.get_height() for b in fig.axes[0].patches] == [reps.loc[n, "routed"] for n in reps.index]
+
+
+# --- faults (last: they kill replicas) ---------------------------------------------------------
+
+def test_a_replica_killed_mid_stream_ends_the_stream_with_an_error_naming_it(cluster, scope):
+    wait_all_up(cluster)
+    cluster.complete(prefix(6, 30), response_tokens=2, session_id="doomed", cache_scope=scope)
+    s = cluster.stream("Once upon a time", response_tokens=2000, ignore_eos=True, cache_scope=scope,
+                       session_id="doomed")
+    victim = s.replica
+    events = []
+    for ev in s:
+        events.append(ev)
+        if sum(isinstance(e, TokenId) for e in events) == 3:
+            ray.kill(cluster.actor(victim), no_restart=False)
+    assert isinstance(events[-1], Error) and isinstance(events[-1].reason, ReplicaDown)
+    assert events[-1].reason.replica == victim and "mid-stream after 3 tokens" in str(events[-1].reason)
+    other = cluster.complete("Hello", response_tokens=2, cache_scope=scope)
+    assert other.model != victim  # the router skips the down replica
+    with pytest.raises(SessionLost) as e:
+        cluster.continue_session("doomed", [1, 2, 3], cache_scope=scope)
+    assert e.value.replica == victim and victim in str(e.value)
+    wait_all_up(cluster)
+    assert cluster.replicas().loc[victim, "restarts"] == 1
+    with pytest.raises(SessionLost):  # restarted: a fresh engine, the session is gone
+        cluster.continue_session("doomed", [1, 2, 3], cache_scope=scope)
+
+
+def test_a_request_with_no_token_yet_is_retried_once_on_another_replica(cluster, scope):
+    wait_all_up(cluster)
+    s = cluster.stream(prefix(7, 1500), response_tokens=4, cache_scope=scope)  # seconds of prefill
+    victim = s.replica
+    ray.kill(cluster.actor(victim), no_restart=False)
+    result = s.result()
+    assert s.retried_from == victim and s.replica != victim
+    assert result.finish_reason == "length" and len(result.tokens) == 4
+    assert result.model == s.replica
+    wait_all_up(cluster)

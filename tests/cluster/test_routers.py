@@ -1,0 +1,127 @@
+"""Routers and the wire format, without Ray: exact choices on scripted replica facts."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+from workbench.cluster.prefixtree import PrefixTree
+from workbench.cluster.routers import (CacheAffinity, Decision, LeastLoaded, PowerOfTwo, PrefixTreeRouter,
+                                       ReplicaFacts, RoundRobin, RouteRequest, make_router)
+from workbench.cluster.wire import pack_error, unpack_error
+from workbench.errors import DecodeTimeout, InvalidOption, NoSession, ReplicaDown, SessionLost, UnknownOption
+
+
+def facts(*specs: tuple[int, int, int | None]) -> list[ReplicaFacts]:
+    """(in_flight, routed, cached) per replica."""
+    return [ReplicaFacts(i, f"r{i}", load, routed, cached) for i, (load, routed, cached) in enumerate(specs)]
+
+
+REQ = RouteRequest(tuple(range(100)))
+
+
+def test_round_robin_cycles_and_skips_a_down_replica():
+    rr = RoundRobin()
+    three = facts((0, 0, None), (0, 0, None), (0, 0, None))
+    assert [rr.choose(REQ, three).replica for _ in range(4)] == [0, 1, 2, 0]
+    without_1 = [three[0], three[2]]
+    assert [rr.choose(REQ, without_1).replica for _ in range(3)] == [2, 0, 2]
+
+
+def test_least_loaded_breaks_ties_by_requests_routed():
+    assert LeastLoaded().choose(REQ, facts((2, 0, None), (1, 9, None), (1, 3, None))).replica == 2
+
+
+def test_power_of_two_takes_the_less_loaded_of_its_seeded_pair():
+    reps = facts((5, 0, None), (0, 0, None), (3, 0, None), (1, 0, None))
+    a, b = PowerOfTwo(seed=7), PowerOfTwo(seed=7)
+    picks = [a.choose(REQ, reps) for _ in range(20)]
+    assert [p.replica for p in picks] == [b.choose(REQ, reps).replica for _ in range(20)]
+    for p in picks:  # the busiest loses every pair it is drawn in
+        assert p.replica != 0
+
+
+def test_cache_affinity_prefers_the_longest_exact_prefix_over_a_small_load_gap():
+    ca = CacheAffinity()
+    d = ca.choose(REQ, facts((0, 0, 10), (2, 0, 90)))
+    assert d == Decision(1, "90 of 100 tokens cached")
+
+
+def test_cache_affinity_below_min_match_goes_least_loaded():
+    d = CacheAffinity(min_match=0.5).choose(REQ, facts((1, 0, 0), (0, 0, 40)))
+    assert d.replica == 1 and "least loaded" in d.reason
+    d = CacheAffinity(min_match=0.5).choose(REQ, facts((0, 0, 0), (1, 0, 40)))
+    assert d.replica == 0
+
+
+def test_cache_affinity_imbalance_guard_overrides_the_cache():
+    ca = CacheAffinity(balance_abs=4, balance_rel=1.5)
+    assert ca.choose(REQ, facts((1, 0, 0), (6, 0, 100))).replica == 0  # 6 - 1 > 4 and 6 > 1.5
+    assert ca.choose(REQ, facts((1, 0, 0), (5, 0, 100))).replica == 1  # 5 - 1 = 4: not imbalanced
+
+
+def test_prefix_tree_router_follows_what_it_routed_and_spreads_new_prefixes():
+    pt = PrefixTreeRouter(cache_threshold=0.3)
+    reps = facts((0, 0, None), (0, 0, None))
+    a1 = RouteRequest(tuple(range(0, 100)))
+    b1 = RouteRequest(tuple(range(500, 600)))
+    a2 = RouteRequest(tuple(range(0, 80)) + tuple(range(900, 920)))
+    first = pt.choose(a1, reps).replica
+    second = pt.choose(b1, reps)
+    assert second.replica != first and "smallest tree" in second.reason  # empty tree has the most room
+    third = pt.choose(a2, reps)
+    assert third.replica == first and third.reason == "tree match 80%"
+    # text prompts match by characters
+    t = PrefixTreeRouter()
+    t.choose(RouteRequest("You are a helpful assistant. Q1"), reps)
+    assert t.choose(RouteRequest("You are a helpful assistant. Q2"), reps).reason.startswith("tree match")
+
+
+def test_prefix_tree_evicts_least_recently_used_leaves_past_its_size():
+    tree = PrefixTree(max_size=100)
+    tree.insert(list(range(60)))
+    tree.insert([1000 + i for i in range(60)])  # 120 nodes > 100: the older prompt's tail goes
+    assert tree.size <= 100
+    assert tree.match([1000 + i for i in range(60)]) == 60
+    assert tree.match(list(range(60))) < 60
+
+
+def test_make_router_names_the_bad_router_or_option():
+    with pytest.raises(InvalidOption) as e:
+        make_router("cache_afinity")
+    assert e.value.key == "router"
+    with pytest.raises(InvalidOption) as e:
+        make_router("cache_affinity", {"min_match": 2.0})
+    assert e.value.key == "min_match"
+    with pytest.raises(InvalidOption) as e:
+        make_router("cache_affinity", {"threshold": 0.2})
+    assert e.value.key == "router_options"
+    with pytest.raises(InvalidOption):
+        make_router(42)
+    fn = make_router(lambda req, reps: reps[-1].index)
+    assert fn.choose(REQ, facts((0, 0, 0), (0, 0, 0))).replica == 1
+
+
+@pytest.mark.parametrize("exc", [
+    InvalidOption("temperature", -1.0, "a number >= 0"), UnknownOption("max_tokns", ["response_tokens"]),
+    NoSession("chat-1"), SessionLost("chat-1", "replica-1"), ReplicaDown("replica-0", "died mid-stream"),
+    DecodeTimeout("step over budget"),
+])
+def test_errors_cross_the_wire_as_their_own_class_and_fields(exc):
+    back = unpack_error(pickle.loads(pickle.dumps(pack_error(exc))))
+    assert type(back) is type(exc)
+    assert str(back) == str(exc)
+    assert vars(back) == vars(exc)
+
+
+def test_an_unpicklable_attribute_travels_as_its_repr():
+    class Odd:
+        def __reduce__(self):
+            raise TypeError("no")
+
+        def __repr__(self):
+            return "<odd>"
+
+    back = unpack_error(pickle.loads(pickle.dumps(pack_error(InvalidOption("x", Odd(), "an int")))))
+    assert isinstance(back, InvalidOption) and back.value == "<odd>" and back.key == "x"

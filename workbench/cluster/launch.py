@@ -1,0 +1,118 @@
+"""Starting a cluster: Ray (local, or an existing one at ``address``) and the replica actors.
+
+Everything the caller passes is checked here, before Ray or an actor sees it: the load
+options against LoadConfig (the same rules as load_model), the cluster's own options with
+the shared check_* rules. A replica that cannot load its model answers its first call
+with the load's own error (ModelFileError, InvalidOption, ...), raised here; one that
+does not come up in ``ready_timeout_s`` (e.g. the cluster has too few CPUs) is a
+ReplicaDown naming it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import ray
+
+from ..errors import InvalidOption, ReplicaDown
+from ..models import check_model_file
+from ..options import LoadConfig, build, check_int, check_number
+from .members import ACTOR_GONE, Member
+from .replica import Replica
+from .wire import unpack_error
+
+WHERE = "cluster option"
+
+
+class _ReplicaActor(Replica):
+    """Replica, keeping its load error for the first call instead of dying in __init__
+    (a crash there would be retried by Ray and reach the caller as an untyped error)."""
+
+    def __init__(self, name: str, load: Mapping[str, Any], cache_tiers: Sequence[Mapping[str, Any]] | None) -> None:
+        self.init_error: Any = None
+        try:
+            super().__init__(name, load, cache_tiers)
+        except Exception as e:
+            from .wire import pack_error
+
+            self.init_error = pack_error(e)
+
+    def hello(self) -> dict[str, Any]:
+        if self.init_error is not None:
+            return {"error": self.init_error}
+        return super().hello()
+
+
+def check_options(replicas: Any, threads: Any, max_restarts: Any, num_cpus: Any, address: Any,
+                  ready_timeout_s: Any, cache_tiers: Any) -> None:
+    check_int("replicas", replicas, 1, 64, where=WHERE)
+    check_int("threads", threads, 1, 512, where=WHERE)
+    check_int("max_restarts", max_restarts, -1, 1000, where=WHERE)
+    check_int("num_cpus", num_cpus, 1, 4096, none_ok=True, where=WHERE)
+    check_number("ready_timeout_s", ready_timeout_s, 1.0, 3600.0, where=WHERE)
+    if address is not None and (not isinstance(address, str) or not address):
+        raise InvalidOption("address", address, "a Ray cluster address ('auto', 'ray://host:port', ...) or None",
+                            WHERE)
+    if cache_tiers is not None and (isinstance(cache_tiers, (str, bytes, Mapping))
+                                    or not isinstance(cache_tiers, Sequence)
+                                    or not all(isinstance(t, Mapping) for t in cache_tiers) or not cache_tiers):
+        raise InvalidOption("cache_tiers", cache_tiers, "a non-empty list of tier dicts (as configure_cache takes)",
+                            WHERE)
+
+
+def load_options(model: Any, threads: int, load: Mapping[str, Any], local: bool) -> dict[str, Any]:
+    """The load_model options every replica gets (checked here as load_model checks them;
+    on a local Ray the model file too)."""
+    if "n_threads" in load or "model_path" in load:
+        key = "n_threads" if "n_threads" in load else "model_path"
+        raise InvalidOption(key, load[key], f"no {key} in a cluster's load options: pass "
+                            + ("threads=" if key == "n_threads" else "model="), WHERE)
+    opts = dict(load, model_path=model, n_threads=threads)
+    build(LoadConfig, opts, "config")
+    if local and model is not None:
+        opts["model_path"] = str(check_model_file(model))
+    return opts
+
+
+def init_ray(address: str | None, num_cpus: int) -> bool:
+    """Connect to Ray, or start a local one; True when it was started here."""
+    if ray.is_initialized():
+        return False
+    if address is not None:
+        ray.init(address=address, log_to_driver=False)
+        return False
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+    return True
+
+
+def start_members(replicas: int, threads: int, max_restarts: int, load: dict[str, Any],
+                  cache_tiers: Sequence[Mapping[str, Any]] | None, ready_timeout_s: float) -> list[Member]:
+    remote: Any = ray.remote(_ReplicaActor).options(num_cpus=threads, max_restarts=max_restarts, max_task_retries=0,
+                                               max_concurrency=64)
+    base = load.get("model_id") or "replica"
+    names = [f"{base}-{i}" for i in range(replicas)]
+    actors: list[Any] = [remote.remote(name, dict(load, model_id=name), cache_tiers) for name in names]
+    hellos = [a.hello.remote() for a in actors]
+    ready, _ = ray.wait(hellos, num_returns=len(hellos), timeout=ready_timeout_s)
+    try:
+        members = [_member(i, names[i], actors[i], hellos[i], hellos[i] in ready, ready_timeout_s)
+                   for i in range(replicas)]
+    except BaseException:
+        for a in actors:
+            ray.kill(a, no_restart=True)
+        raise
+    return members
+
+
+def _member(i: int, name: str, actor: Any, hello_ref: Any, ready: bool, timeout: float) -> Member:
+    if not ready:
+        cpus = ray.cluster_resources().get("CPU", 0)
+        raise ReplicaDown(name, f"did not start within {timeout:.0f} s (the Ray cluster has {cpus:g} CPUs)")
+    try:
+        hello = ray.get(hello_ref)
+    except ACTOR_GONE as e:
+        raise ReplicaDown(name, f"died while starting ({type(e).__name__}: {e})") from None
+    if "error" in hello:
+        raise unpack_error(hello["error"])
+    return Member(i, name, actor, hello)

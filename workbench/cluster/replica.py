@@ -1,0 +1,170 @@
+"""One replica: a process (a Ray actor) owning one engine, called through the facade.
+
+The cluster wraps :class:`Replica` with ``ray.remote`` as a threaded actor, so a cancel or
+a probe is served while a stream runs. Everything a replica sends back is plain data:
+results and events as they are, errors packed by ``wire`` (see there why).
+
+A stream is a Ray streaming generator (:meth:`Replica.run`): its first item says whether
+the request started (its local ref) or was refused (the error the facade raised), then
+come lists of events, as many as were ready at once. A generator closed early (the caller
+dropped it) cancels its request, as a dropped Stream does in-process.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from ..errors import InvalidOption, WorkbenchError
+from .wire import RemoteError, pack_error, pack_events
+
+# facade calls a replica serves for the cluster: those that name the model, and the
+# process-wide ones (each replica process holds one model, so they are that replica's)
+PER_MODEL_CALLS = ("cached_prefix_len", "detokenize", "embed", "embed_batch", "end_session", "model_info",
+                   "prefill_only", "reset_session", "sessions", "tokenize")
+PROCESS_CALLS = ("cache_info", "counters", "requests", "wait_for_saves")
+STREAM_CALLS = ("stream", "continue_session", "chat_stream")
+
+
+class Replica:
+    """One engine in this process; ``incarnation`` changes when Ray restarts the actor."""
+
+    def __init__(self, name: str, load: Mapping[str, Any], cache_tiers: Sequence[Mapping[str, Any]] | None) -> None:
+        import workbench as wb
+
+        self.name = name
+        self.cache_tiers = list(cache_tiers) if cache_tiers else None
+        if self.cache_tiers:
+            wb.configure_cache(self.cache_tiers)
+        self.model = wb.load_model(**load)
+        self.incarnation = uuid.uuid4().hex[:12]
+        self._lock = threading.Lock()
+        self._streams: dict[int, Any] = {}
+        self._cancelled: set[int] = set()
+
+    # --- facts (never wait on the engine's loop) ---------------------------------------------
+    def hello(self) -> dict[str, Any]:
+        return {"name": self.name, "incarnation": self.incarnation, "pid": os.getpid(), "model": self.model}
+
+    def probe(self, prompt: str | list[int], cache_scope: str) -> dict[str, int]:
+        """This prompt's cached prefix here (all tiers, nothing loaded) and the load; a prompt
+        the engine would refuse probes as 0 (the request itself raises the error)."""
+        import workbench as wb
+
+        try:
+            cached = wb.cached_prefix_len(self.model, prompt, cache_scope)
+        except WorkbenchError:
+            cached = 0
+        return {"cached_prefix_len": cached, "queue_depth": wb.queue_depth(self.model),
+                "pending_len": wb.pending_len(self.model)}
+
+    def facts(self) -> dict[str, Any]:
+        """What the replicas view shows: load, cache bytes by tier, hits by kind."""
+        import workbench as wb
+
+        info = wb.cache_info()
+        counters = wb.counters()
+        return {"incarnation": self.incarnation, "pid": os.getpid(), "queue_depth": wb.queue_depth(self.model),
+                "pending_len": wb.pending_len(self.model), "last_cache_hit": wb.last_cache_hit(self.model),
+                "tiers": {t["name"]: t.get("used_bytes", 0) for t in info.get("tiers", [])},
+                "counters": counters}
+
+    # --- calls ----------------------------------------------------------------------------------
+    def call(self, name: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[str, Any]:
+        """A facade call: ('ok', value) or ('error', RemoteError)."""
+        import workbench as wb
+
+        try:
+            if name in PER_MODEL_CALLS:
+                return "ok", getattr(wb, name)(self.model, *args, **kwargs)
+            if name in PROCESS_CALLS:
+                return "ok", getattr(wb, name)(*args, **kwargs)
+            if name == "chat_tokens":
+                return "ok", list(wb.render_chat_template(self.model, *args, **kwargs).tokens)
+            if name == "sync_cache":
+                return "ok", self.sync_cache()
+            if name == "reset_cache":
+                return "ok", self.reset_cache()
+            raise InvalidOption("call", name, "a call a replica serves")
+        except Exception as e:
+            return "error", pack_error(e)
+
+    def sync_cache(self) -> int:
+        """Adopt rows other replicas published to the shared tiers since the last scan (the
+        cache's public configure_cache scans persistent tiers); returns the rows held."""
+        import workbench as wb
+
+        if not self.cache_tiers:
+            return 0
+        wb.wait_for_saves(30.0)
+        return int(wb.configure_cache(self.cache_tiers).get("rows", 0))
+
+    def reset_cache(self) -> int:
+        """A fresh cache of this replica's tiers (RAM rows dropped; persistent tiers are
+        rescanned, so they keep theirs); returns the rows held."""
+        import workbench as wb
+
+        wb.wait_for_saves(30.0)
+        return int(wb.configure_cache(self.cache_tiers or [{"kind": "ram"}]).get("rows", 0))
+
+    def cancel(self, cref: int) -> None:
+        """Cancel the cluster request ``cref`` here (also before its stream has started)."""
+        with self._lock:
+            s = self._streams.get(cref)
+            if s is None:
+                self._cancelled.add(cref)
+        if s is not None:
+            s.cancel()
+
+    def run(self, cref: int, call: str, args: Sequence[Any], opts: Mapping[str, Any]) -> Iterator[Any]:
+        """The streaming generator of one request (see the module doc)."""
+        try:
+            s = self._start(call, args, opts)
+        except Exception as e:
+            yield ("refused", pack_error(e))
+            return
+        with self._lock:
+            self._streams[cref] = s
+            cancelled = cref in self._cancelled
+            self._cancelled.discard(cref)
+        if cancelled:
+            s.cancel()
+        yield ("started", s.ref)
+        try:
+            yield from self._drain(s)
+        finally:
+            with self._lock:
+                self._streams.pop(cref, None)
+            if not s.ended:
+                s.cancel()
+
+    def _start(self, call: str, args: Sequence[Any], opts: Mapping[str, Any]) -> Any:
+        import workbench as wb
+
+        if call == "stream":
+            return wb.stream(self.model, *args, **opts)
+        if call == "continue_session":
+            return wb.continue_session(self.model, *args, stream=True, **opts)
+        if call == "chat_stream":
+            return wb.chat_stream(self.model, *args, **opts)
+        raise InvalidOption("call", call, "one of " + ", ".join(STREAM_CALLS))
+
+    @staticmethod
+    def _drain(s: Any) -> Iterator[list[Any]]:
+        while not s.ended:
+            ev = s.poll(None)
+            if ev is None:
+                return
+            batch = [ev]
+            while not s.ended:
+                nxt = s.poll(0.0)
+                if nxt is None:
+                    break
+                batch.append(nxt)
+            yield pack_events(batch)
+
+
+__all__ = ["PER_MODEL_CALLS", "PROCESS_CALLS", "Replica", "RemoteError"]

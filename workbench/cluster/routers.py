@@ -1,0 +1,236 @@
+"""Routers: small strategies that pick the replica for one request.
+
+A router sees a :class:`RouteRequest` (the prompt, its scope) and one :class:`ReplicaFacts`
+per replica that is up, and returns a :class:`Decision` (the replica's index and a reason
+the decisions view shows). ``probe = True`` asks the cluster to fill in every replica's
+exact ``cached_prefix_len`` (and its engine's queue) first, in parallel.
+
+    round_robin      the next replica in turn
+    power_of_two     two replicas drawn at random (seeded), the less loaded one
+    least_loaded     the least loaded; ties go to the one routed fewer requests
+    cache_affinity   exact probes: the replica holding the longest cached prefix, scored
+                     against load (score = prefix/prompt - load_weight * load); below
+                     ``min_match`` or once the load is imbalanced (busiest > idlest +
+                     ``balance_abs`` and > ``balance_rel`` x idlest), least loaded
+    prefix_tree      the approximate baseline (SGLang's cache_aware, prefixtree.py):
+                     guesses from the prompts it routed before
+
+Load is the requests the cluster has in flight on a replica (running or queued there).
+Sessions never reach a router: a session's turns go to the replica that holds it.
+A user's router is any object with ``choose(request, replicas) -> Decision`` (``probe``
+and ``name`` optional); a plain function works too.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ..errors import InvalidOption
+from ..options import check_int, check_number
+from .prefixtree import PrefixTree
+
+
+@dataclass(slots=True, frozen=True)
+class RouteRequest:
+    """What a router sees of a request: its prompt (text or token ids) and cache scope."""
+
+    prompt: str | tuple[int, ...]
+    cache_scope: str = "default"
+
+    @property
+    def length(self) -> int:
+        return len(self.prompt)
+
+
+@dataclass(slots=True, frozen=True)
+class ReplicaFacts:
+    """One replica that is up, as a router sees it. The probed fields are None unless the
+    router asked for probes."""
+
+    index: int
+    name: str
+    in_flight: int
+    routed: int
+    cached_prefix_len: int | None = None
+    queue_depth: int | None = None
+    pending_len: int | None = None
+
+    @property
+    def load(self) -> int:
+        return self.in_flight
+
+
+@dataclass(slots=True, frozen=True)
+class Decision:
+    replica: int
+    reason: str
+
+
+class Router(Protocol):
+    def choose(self, request: RouteRequest, replicas: Sequence[ReplicaFacts]) -> Decision: ...
+
+
+def least_loaded_of(replicas: Sequence[ReplicaFacts]) -> ReplicaFacts:
+    """The least loaded replica; ties go to the one routed fewer requests, then the first."""
+    return min(replicas, key=lambda r: (r.load, r.routed, r.index))
+
+
+class RoundRobin:
+    name = "round_robin"
+    probe = False
+
+    def __init__(self) -> None:
+        self._next = 0
+
+    def choose(self, request: RouteRequest, replicas: Sequence[ReplicaFacts]) -> Decision:
+        ups = sorted(replicas, key=lambda r: r.index)
+        pick = next((r for r in ups if r.index >= self._next), ups[0])
+        self._next = pick.index + 1
+        return Decision(pick.index, "next in turn")
+
+
+class PowerOfTwo:
+    """Two replicas drawn at random, the less loaded wins (Ray Serve's default)."""
+
+    name = "power_of_two"
+    probe = False
+
+    def __init__(self, seed: int = 0) -> None:
+        self._rng = random.Random(check_int("seed", seed, 0, None, where="router option"))
+
+    def choose(self, request: RouteRequest, replicas: Sequence[ReplicaFacts]) -> Decision:
+        pair = self._rng.sample(list(replicas), 2) if len(replicas) > 1 else list(replicas)
+        pick = least_loaded_of(pair)
+        return Decision(pick.index, f"less loaded of {', '.join(r.name for r in pair)}")
+
+
+class LeastLoaded:
+    name = "least_loaded"
+    probe = False
+
+    def choose(self, request: RouteRequest, replicas: Sequence[ReplicaFacts]) -> Decision:
+        pick = least_loaded_of(replicas)
+        return Decision(pick.index, f"least loaded ({pick.load} in flight)")
+
+
+def imbalanced(replicas: Sequence[ReplicaFacts], balance_abs: int, balance_rel: float) -> bool:
+    """The anchors' guard: the busiest has more than ``balance_abs`` requests over the
+    idlest and more than ``balance_rel`` times its load."""
+    loads = [r.load for r in replicas]
+    return max(loads) - min(loads) > balance_abs and max(loads) > balance_rel * min(loads)
+
+
+class CacheAffinity:
+    """Exact prefix probes scored against load (see the module doc for the rule)."""
+
+    name = "cache_affinity"
+    probe = True
+
+    def __init__(self, min_match: float = 0.1, load_weight: float = 0.1, balance_abs: int = 4,
+                 balance_rel: float = 1.5) -> None:
+        where = "router option"
+        self.min_match = check_number("min_match", min_match, 0.0, 1.0, where=where)
+        self.load_weight = check_number("load_weight", load_weight, 0.0, None, where=where)
+        self.balance_abs = check_int("balance_abs", balance_abs, 0, None, where=where)
+        self.balance_rel = check_number("balance_rel", balance_rel, 1.0, None, where=where)
+
+    def choose(self, request: RouteRequest, replicas: Sequence[ReplicaFacts]) -> Decision:
+        if imbalanced(replicas, self.balance_abs, self.balance_rel):
+            pick = least_loaded_of(replicas)
+            return Decision(pick.index, "load imbalanced: least loaded")
+        n = max(1, request.length)
+
+        def score(r: ReplicaFacts) -> float:
+            return (r.cached_prefix_len or 0) / n - self.load_weight * r.load
+
+        best = max(replicas, key=lambda r: (score(r), -r.load, -r.routed, -r.index))
+        cached = best.cached_prefix_len or 0
+        if cached / n < self.min_match:
+            pick = least_loaded_of(replicas)
+            return Decision(pick.index, f"no prefix >= {self.min_match:.0%} cached: least loaded")
+        return Decision(best.index, f"{cached} of {request.length} tokens cached")
+
+
+class PrefixTreeRouter:
+    """The approximate baseline: a prefix tree per replica of the prompts routed there
+    (SGLang's cache_aware policy; Ray Serve's PrefixCacheAffinityRouter is alike). Above
+    ``cache_threshold`` matched, the replica with the longest match; else the one with the
+    smallest tree (the most room); least loaded once imbalanced. It cannot see evictions,
+    restarts, or rows shared through a tier, which the exact probes can."""
+
+    name = "prefix_tree"
+    probe = False
+
+    def __init__(self, cache_threshold: float = 0.3, balance_abs: int = 4, balance_rel: float = 1.5,
+                 max_tree_size: int = 1 << 20) -> None:
+        where = "router option"
+        self.cache_threshold = check_number("cache_threshold", cache_threshold, 0.0, 1.0, where=where)
+        self.balance_abs = check_int("balance_abs", balance_abs, 0, None, where=where)
+        self.balance_rel = check_number("balance_rel", balance_rel, 1.0, None, where=where)
+        self.max_tree_size = check_int("max_tree_size", max_tree_size, 1, None, where=where)
+        self._trees: dict[tuple[int, str], PrefixTree] = {}
+
+    def _tree(self, index: int, scope: str) -> PrefixTree:
+        return self._trees.setdefault((index, scope), PrefixTree(self.max_tree_size))
+
+    def choose(self, request: RouteRequest, replicas: Sequence[ReplicaFacts]) -> Decision:
+        if imbalanced(replicas, self.balance_abs, self.balance_rel):
+            pick, reason = least_loaded_of(replicas), "load imbalanced: least loaded"
+        else:
+            matches = {r.index: self._tree(r.index, request.cache_scope).match(request.prompt) for r in replicas}
+            best = max(replicas, key=lambda r: (matches[r.index], -r.load, -r.index))
+            rate = matches[best.index] / max(1, request.length)
+            if rate > self.cache_threshold:
+                pick, reason = best, f"tree match {rate:.0%}"
+            else:
+                pick = min(replicas, key=lambda r: (self._tree(r.index, request.cache_scope).size, r.load, r.index))
+                reason = f"tree match {rate:.0%} <= {self.cache_threshold:.0%}: smallest tree"
+        self._tree(pick.index, request.cache_scope).insert(request.prompt)
+        return Decision(pick.index, reason)
+
+
+class FunctionRouter:
+    """A plain function ``f(request, replicas) -> Decision | int`` as a router."""
+
+    probe = True
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn = fn
+        self.name = getattr(fn, "__name__", "function")
+
+    def choose(self, request: RouteRequest, replicas: Sequence[ReplicaFacts]) -> Decision:
+        out = self.fn(request, replicas)
+        return out if isinstance(out, Decision) else Decision(out, f"{self.name}()")
+
+
+ROUTERS: dict[str, Callable[..., Any]] = {
+    "round_robin": RoundRobin, "power_of_two": PowerOfTwo, "least_loaded": LeastLoaded,
+    "cache_affinity": CacheAffinity, "prefix_tree": PrefixTreeRouter,
+}
+
+
+def make_router(router: Any, options: dict[str, Any] | None = None) -> Any:
+    """A router from a name (with ``options``, its parameters), a router object, or a function."""
+    if isinstance(router, str):
+        if router not in ROUTERS:
+            raise InvalidOption("router", router, "one of " + ", ".join(map(repr, ROUTERS))
+                                + ", an object with choose(request, replicas), or a function")
+        try:
+            return ROUTERS[router](**(options or {}))
+        except TypeError as e:
+            raise InvalidOption("router_options", options, f"the parameters of {router!r} ({e})") from None
+    if options:
+        raise InvalidOption("router_options", options, "no options for a router object (configure it yourself)")
+    choose = getattr(router, "choose", None) if not isinstance(router, type) else None
+    if callable(choose):
+        return router
+    if callable(router) and not isinstance(router, type):
+        return FunctionRouter(router)
+    raise InvalidOption("router", router, "a router name, an object with choose(request, replicas), or a function")
+
+
+def router_name(router: Any) -> str:
+    return str(getattr(router, "name", type(router).__name__))
