@@ -44,6 +44,12 @@ __all__ = [
     "option_names", "vram_info",
 ]
 
+# every public call runs through the middleware chain (workbench/middleware.py); the module
+# itself is `wb.middleware` (add / remove / clear / timing)
+from . import middleware  # noqa: E402
+
+middleware.wrap_namespace(globals(), __all__)
+
 
 def __getattr__(name: str):  # noqa: ANN202 - `wb.cluster` imports Ray only when it is used
     if name == "cluster":

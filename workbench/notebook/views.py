@@ -76,6 +76,17 @@ def requests() -> pd.DataFrame:
     return _frame(wb.requests(), _REQUEST_DTYPES, "ref")
 
 
+_CALL_DTYPES = {"call": "string", "model": "string", "duration_ms": "float64", "ok": "bool", "error": "string",
+                "ref": "Int64", "started_at": "float64"}
+
+
+def calls() -> pd.DataFrame:
+    """Facade calls recorded by the timing middleware (``wb.middleware.add(wb.middleware.timing)``),
+    oldest first: call, model, duration_ms, ok, error (the exception's class), ref (a
+    request's), started_at (epoch s). A stream's row times its creation, not its reading."""
+    return _frame(wb.middleware.calls(), _CALL_DTYPES, None)
+
+
 _MODEL_DTYPES = {  # nullable dtypes: model_info may lack a key on some builds (gpu, chat...)
     "model_id": "string", "params": "string", "desc": "string", "path": "string", "fingerprint": "string",
     "n_params": "Int64", "size_bytes": "Int64", "n_vocab": "Int64", "n_ctx_train": "Int64", "n_ctx": "Int64",

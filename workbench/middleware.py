@@ -1,0 +1,245 @@
+"""Middleware: a chain of functions around every public call of the ``workbench`` facade.
+
+    import workbench as wb
+
+    def log(name, arguments, next):
+        print(name, arguments)
+        return next(arguments)
+
+    wb.middleware.add(log)                         # every call from now on
+    wb.complete(m, "Hi", middleware=[my_limits])   # this call only, inside the registered ones
+    wb.middleware.add(wb.middleware.timing)        # feeds workbench.notebook.views.calls()
+
+A middleware is ``fn(name, arguments, next)``: ``name`` is the call (``"complete"``),
+``arguments`` a fresh dict of what the caller passed, by parameter name, with keyword
+options (``**opts``) flattened in and defaults not filled in; ``next(arguments)`` runs the
+rest of the chain and then the call with those arguments, and returns its result. So a
+middleware may log or time a call, rewrite its arguments (pass a changed dict to
+``next``), answer it itself, or refuse it by raising. Registered middleware run in the
+order added, outermost first, then the call's own ``middleware=[...]``.
+
+Guarantees:
+
+- An exception a middleware raises reaches the caller as itself (nothing wraps it). Raised
+  before ``next``, the call never ran. Raised after it, the call's effects stand (a model
+  loaded stays loaded) except that a stream the call created is closed, so its request is
+  cancelled and its sequence freed: no engine is left holding work nobody will read.
+- Streams: the chain wraps the call that creates the stream (``stream``, ``chat_stream``,
+  ``continue_session(stream=True)``), not its iteration: a timing middleware measures the
+  submission, and ``next`` returns the stream. Streams the chain made but did not return
+  (a middleware that called ``next`` twice) are closed.
+- Calls made while the chain runs on this thread (by a middleware, or by a call inside
+  another one) are not wrapped again.
+- With no middleware registered and none given, a call costs one tuple check.
+
+What counts as a public call: the functions ``workbench`` exports (``__all__``), wrapped by
+:func:`wrap_namespace` in ``workbench/__init__.py``; ``workbench.api.*`` called directly
+bypasses the chain.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import inspect
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, MutableMapping
+from typing import Any
+
+from .chat.thinking import ThinkingStream
+from .engine.stream import Stream
+from .errors import InvalidOption
+
+Next = Callable[[Mapping[str, Any]], Any]
+Middleware = Callable[[str, dict[str, Any], Next], Any]
+
+_lock = threading.Lock()
+_chain: tuple[Middleware, ...] = ()
+
+
+class _Depth(threading.local):
+    depth = 0                       # facade calls whose chain runs on this thread
+
+
+_local = _Depth()
+
+
+# --- the registered chain -------------------------------------------------------------------
+
+def add(fn: Middleware) -> Middleware:
+    """Register ``fn`` for every facade call (last added runs innermost); returns it, so it
+    also works as a decorator. Adding a registered function again changes nothing."""
+    global _chain
+    _check(fn, "fn")
+    with _lock:
+        if fn not in _chain:
+            _chain = (*_chain, fn)
+    return fn
+
+
+def remove(fn: Middleware) -> None:
+    """Unregister ``fn`` (idempotent)."""
+    global _chain
+    with _lock:
+        _chain = tuple(f for f in _chain if f is not fn)
+
+
+def clear() -> None:
+    """Unregister every middleware."""
+    global _chain
+    with _lock:
+        _chain = ()
+
+
+def registered() -> list[Middleware]:
+    """The registered middleware, outermost first."""
+    return list(_chain)
+
+
+def _check(fn: Any, key: str) -> Middleware:
+    if not callable(fn):
+        raise InvalidOption(key, fn, "a callable fn(name, arguments, next)", "middleware")
+    return fn
+
+
+def _per_call(value: Any) -> tuple[Middleware, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise InvalidOption("middleware", value, "a list of callables fn(name, arguments, next)")
+    return tuple(_check(fn, "middleware") for fn in value)
+
+
+# --- wrapping the facade ----------------------------------------------------------------------
+
+def wrap(func: Callable[..., Any], name: str | None = None) -> Callable[..., Any]:
+    """``func`` with the chain around it, taking one more keyword argument, ``middleware``."""
+    call_name = name or func.__name__
+    sig = inspect.signature(func)
+
+    @functools.wraps(func)
+    def facade_call(*args: Any, **kwargs: Any) -> Any:
+        fns = _chain + _per_call(kwargs.pop("middleware", None))
+        if not fns or _local.depth:
+            return func(*args, **kwargs)
+        try:
+            bound = sig.bind(*args, **kwargs)
+        except TypeError:
+            return func(*args, **kwargs)  # Python's own error for a call that does not fit
+        return _run(call_name, func, sig, fns, _flatten(sig, bound.arguments))
+
+    return facade_call
+
+
+def wrap_namespace(namespace: MutableMapping[str, Any], names: Iterable[str]) -> None:
+    """Wrap each plain function among ``names`` in ``namespace`` (a package's globals)."""
+    for n in names:
+        obj = namespace.get(n)
+        if inspect.isfunction(obj) and not hasattr(obj, "__wrapped__"):
+            namespace[n] = wrap(obj, n)
+
+
+def _run(name: str, func: Callable[..., Any], sig: inspect.Signature, fns: tuple[Middleware, ...],
+         arguments: dict[str, Any]) -> Any:
+    made: list[Any] = []
+
+    def step(i: int) -> Next:
+        def next_(args: Mapping[str, Any]) -> Any:
+            if not isinstance(args, Mapping):
+                raise InvalidOption("arguments", args, f"a dict of {name}()'s arguments", "middleware next()")
+            if i == len(fns):
+                pos, kw = _unflatten(sig, args)
+                out = func(*pos, **kw)
+                made.append(out)
+                return out
+            return fns[i](name, dict(args), step(i + 1))
+        return next_
+
+    _local.depth += 1
+    try:
+        out = step(0)(arguments)
+    except BaseException:
+        _close_streams(made, keep=None)
+        raise
+    finally:
+        _local.depth -= 1
+    _close_streams(made, keep=out)
+    return out
+
+
+def _close_streams(made: list[Any], keep: Any) -> None:
+    for out in made:
+        if isinstance(out, (Stream, ThinkingStream)) and out is not keep:
+            out.close()
+
+
+def _flatten(sig: inspect.Signature, bound: Mapping[str, Any]) -> dict[str, Any]:
+    """Bound arguments by name, a ``**kwargs`` parameter's items merged in."""
+    out: dict[str, Any] = {}
+    for key, value in bound.items():
+        if sig.parameters[key].kind is inspect.Parameter.VAR_KEYWORD:
+            out.update(value)
+        else:
+            out[key] = value
+    return out
+
+
+def _unflatten(sig: inspect.Signature, args: Mapping[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+    """(positional, keyword) arguments that call the function with ``args``."""
+    rest = dict(args)
+    pos: list[Any] = []
+    kw: dict[str, Any] = {}
+    P = inspect.Parameter
+    star = any(p.kind is P.VAR_POSITIONAL for p in sig.parameters.values())
+    for p in sig.parameters.values():
+        if p.kind is P.VAR_KEYWORD or p.name not in rest:
+            continue
+        value = rest.pop(p.name)
+        if p.kind is P.VAR_POSITIONAL:
+            pos.extend(value)
+        elif p.kind is P.POSITIONAL_ONLY or (star and p.kind is P.POSITIONAL_OR_KEYWORD):
+            pos.append(value)
+        else:
+            kw[p.name] = value
+    kw.update(rest)  # the **kwargs parameter's (or, without one, the function's own TypeError)
+    return pos, kw
+
+
+# --- a ready-made timing middleware -------------------------------------------------------------
+
+CALL_LOG_SIZE = 10_000
+_calls: collections.deque[dict[str, Any]] = collections.deque(maxlen=CALL_LOG_SIZE)
+
+
+def timing(name: str, arguments: dict[str, Any], next: Next) -> Any:  # noqa: A002 - the chain's own name
+    """Record each call's name, model, wall time and outcome (see :func:`calls`)."""
+    started = time.time()
+    t0 = time.perf_counter()
+    out: Any = None
+    error: BaseException | None = None
+    try:
+        out = next(arguments)
+        return out
+    except BaseException as e:
+        error = e
+        raise
+    finally:
+        model = arguments.get("model")
+        if model is None and name == "load_model" and isinstance(out, str):
+            model = out
+        ref = getattr(out, "ref", None)
+        _calls.append({"call": name, "model": model if isinstance(model, str) else None,
+                       "duration_ms": (time.perf_counter() - t0) * 1000.0, "ok": error is None,
+                       "error": type(error).__name__ if error is not None else None,
+                       "ref": ref if isinstance(ref, int) else None, "started_at": started})
+
+
+def calls() -> list[dict[str, Any]]:
+    """The calls :func:`timing` recorded (oldest first, the newest CALL_LOG_SIZE): call,
+    model, duration_ms, ok, error (the exception's class name), ref, started_at (epoch s)."""
+    return list(_calls)
+
+
+def clear_calls() -> None:
+    _calls.clear()
