@@ -1,11 +1,22 @@
 // Per-request sampler chains (llama.cpp's own samplers, built in common's order).
+//
+// The chain has two parts. Shaping (the reasoning budget, the grammar, logit_bias,
+// penalties) decides which tokens can come next and how likely; picking (greedy, or top-k,
+// top-p, min-p, temperature and the seeded draw) chooses one. With `logprobs` set, the
+// log-softmax of the shaped logits is taken between the two (vLLM's logprobs and
+// llama-server's n_probs: before temperature and truncation; unlike them, after the grammar
+// and the bans, so a token the request cannot produce has probability 0).
+// End-of-generation tokens are banned before the chain while ignore_eos holds or fewer
+// than min_tokens tokens have been sampled.
 #include "native.h"
 
 #include "reasoning-budget.h"
 
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <cmath>
+#include <utility>
 #include <vector>
 
 namespace wb {
@@ -29,6 +40,23 @@ public:
         if (p.contains("grammar_root") && !p["grammar_root"].is_none()) grammar_root = p["grammar_root"].cast<std::string>();
 
         ignore_eos_ = p.contains("ignore_eos") && p["ignore_eos"].cast<bool>();
+        min_tokens_ = get_i("min_tokens", 0);
+        n_logprobs_ = get_i("logprobs", -1);
+        const double freq_penalty = get_f("frequency_penalty", 0.0);
+        const double presence_penalty = get_f("presence_penalty", 0.0);
+        std::vector<llama_logit_bias> logit_bias;
+        if (p.contains("logit_bias") && !p["logit_bias"].is_none()) {
+            for (const auto & [t, b] : p["logit_bias"].cast<std::vector<std::pair<llama_token, float>>>()) {
+                model->check_token(t);
+                if (std::isnan(b) || b == INFINITY) throw py::value_error("logit_bias: a bias must be finite or -inf");
+                logit_bias.push_back({t, b});
+            }
+        }
+        const int n_vocab = llama_vocab_n_tokens(model->vocab());
+        if (n_logprobs_ > n_vocab) throw py::value_error("logprobs: more alternatives than the vocabulary has");
+        for (llama_token t = 0; t < n_vocab; ++t) {
+            if (llama_vocab_is_eog(model->vocab(), t)) eog_.push_back(t);
+        }
         // the grammar first: parsing may fail, and nothing has been allocated yet
         llama_sampler * grammar_s = nullptr;
         if (p.contains("grammar_proto") && !p["grammar_proto"].is_none()) {
@@ -37,11 +65,9 @@ public:
         } else if (!grammar.empty()) {
             grammar_s = Grammar(model, grammar, grammar_root).clone();
         }
-        const bool has_grammar = grammar_s != nullptr;
         llama_sampler_chain_params cp = llama_sampler_chain_default_params();
         cp.no_perf = true;
         chain_ = llama_sampler_chain_init(cp);
-        const llama_vocab * vocab = model->vocab();
         if (p.contains("reasoning_budget") && !p["reasoning_budget"].is_none()) {
             // llama.cpp common's reasoning-budget sampler, first in the chain as in
             // common_sampler: after `budget` tokens inside the block it forces the end
@@ -57,21 +83,22 @@ public:
         }
         if (grammar_s != nullptr) llama_sampler_chain_add(chain_, grammar_s);
         grammar_ = grammar_s;
-        if (ignore_eos_) {
-            // as llama-server's ignore_eos: end-of-generation tokens get -inf logits
-            std::vector<llama_logit_bias> bias;
-            const int n_vocab = llama_vocab_n_tokens(vocab);
-            for (llama_token t = 0; t < n_vocab; ++t) {
-                if (llama_vocab_is_eog(vocab, t)) bias.push_back({t, -INFINITY});
-            }
-            llama_sampler_chain_add(chain_, llama_sampler_init_logit_bias(n_vocab, (int32_t)bias.size(), bias.data()));
+        if (!logit_bias.empty()) {
+            llama_sampler_chain_add(chain_, llama_sampler_init_logit_bias(n_vocab, (int32_t)logit_bias.size(), logit_bias.data()));
         }
-        if (repeat_penalty != 1.0) {
-            llama_sampler_chain_add(chain_, llama_sampler_init_penalties(llama_vocab_n_tokens(vocab), (int32_t)repeat_last_n, (float)repeat_penalty, 0.0f, 0.0f));
+        // the penalty window: -1 (or more) = the model's trained context; llama.cpp allocates
+        // the window up front, so nothing larger reaches it
+        const long long n_train = std::max(1, llama_model_n_ctx_train(model->get()));
+        const long long last_n = repeat_last_n < 0 || repeat_last_n > n_train ? n_train : repeat_last_n;
+        const bool penalties = repeat_penalty != 1.0 || freq_penalty != 0.0 || presence_penalty != 0.0;
+        if (penalties && last_n > 0) {
+            llama_sampler_chain_add(chain_, llama_sampler_init_penalties(n_vocab, (int32_t)last_n, (float)repeat_penalty,
+                                                                         (float)freq_penalty, (float)presence_penalty));
         }
+        n_shaping_ = llama_sampler_chain_n(chain_);
         // Plain greedy needs no candidate array: an argmax over the logits row gives the same
         // token as llama.cpp's greedy sampler (first maximum wins) at a fraction of the cost.
-        fast_greedy_ = temperature <= 0.0 && !has_grammar && !has_budget_ && repeat_penalty == 1.0;
+        fast_greedy_ = temperature <= 0.0 && n_shaping_ == 0 && n_logprobs_ < 0;
         if (temperature <= 0.0) {
             llama_sampler_chain_add(chain_, llama_sampler_init_greedy());
         } else {
@@ -97,7 +124,11 @@ public:
         if (chain_ == nullptr) throw NativeError("the sampler has been freed");
         llama_context * c = ctx.get();
         if (idx < 0 || (uint32_t)idx >= ctx.n_batch) throw py::value_error("sample: output index out of range");
-        if (fast_greedy_) return argmax(c, idx);
+        if (fast_greedy_) {
+            const llama_token t = argmax(c, idx);
+            ++n_sampled_;
+            return t;
+        }
         const float * logits = llama_get_logits_ith(c, idx);
         if (logits == nullptr) throw py::value_error("sample: no logits at output row " + std::to_string(idx));
         llama_token t = LLAMA_TOKEN_NULL;
@@ -118,7 +149,15 @@ public:
                                   "(every candidate was ruled out: a grammar no token can satisfy, or one that "
                                   "only allows an end-of-generation token under ignore_eos)");
         }
+        ++n_sampled_;
         return t;
+    }
+
+    // The last sampled token's logprob and its top alternatives [(id, logprob)], most likely
+    // first (tokens of probability 0 left out); None without `logprobs`.
+    py::object last_logprobs() const {
+        if (n_logprobs_ < 0) return py::none();
+        return py::make_tuple(last_logprob_, last_top_);
     }
 
     void accept(llama_token t) {
@@ -129,6 +168,7 @@ public:
 
     void reset() {
         if (chain_ != nullptr) llama_sampler_reset(chain_);
+        n_sampled_ = 0;
     }
 
     // idle, counting, waiting_utf8, forcing or done (llama.cpp's states); None without a budget
@@ -155,21 +195,60 @@ private:
         const int n_vocab = llama_vocab_n_tokens(model->vocab());
         cur_.resize(n_vocab);
         for (llama_token t = 0; t < n_vocab; ++t) cur_[t] = llama_token_data{t, logits[t], 0.0f};
+        if (ban_eog()) {
+            for (llama_token t : eog_) cur_[t].logit = -INFINITY;
+        }
         llama_token_data_array arr{cur_.data(), cur_.size(), -1, false};
-        llama_sampler_apply(chain_, &arr);
+        const int n = llama_sampler_chain_n(chain_);
+        for (int i = 0; i < n; ++i) {
+            if (i == n_shaping_ && n_logprobs_ >= 0) tap(arr);
+            llama_sampler_apply(llama_sampler_chain_get(chain_, i), &arr);
+        }
         if (arr.selected < 0 || (size_t)arr.selected >= arr.size || !std::isfinite(arr.data[arr.selected].logit)) {
             return grammar_complete() ? llama_vocab_eos(model->vocab()) : LLAMA_TOKEN_NULL;
         }
         const llama_token t = arr.data[arr.selected].id;
+        if (n_logprobs_ >= 0) last_logprob_ = shaped_[t] - log_norm_;
         llama_sampler_accept(chain_, t);
         return t;
     }
 
-    // Would the grammar end here (its end-of-generation token allowed)? Only ignore_eos can
-    // then have ruled every candidate out; the request ends as if the model had stopped.
+    bool ban_eog() const { return ignore_eos_ || n_sampled_ < min_tokens_; }
+
+    // The shaped logits (by id), their log-normaliser and the top alternatives: the
+    // log-softmax the logprobs are read from.
+    void tap(const llama_token_data_array & arr) {
+        shaped_.assign(llama_vocab_n_tokens(model->vocab()), -INFINITY);
+        float top = -INFINITY;
+        for (size_t i = 0; i < arr.size; ++i) {
+            shaped_[arr.data[i].id] = arr.data[i].logit;
+            top = std::max(top, arr.data[i].logit);
+        }
+        double sum = 0.0;
+        if (std::isfinite(top)) {
+            for (size_t i = 0; i < arr.size; ++i) sum += std::exp((double)arr.data[i].logit - top);
+        }
+        log_norm_ = std::isfinite(top) ? (float)(top + std::log(sum)) : 0.0f;
+        last_top_.clear();
+        if (n_logprobs_ == 0 || !std::isfinite(top)) return;
+        std::vector<std::pair<float, llama_token>> order;
+        order.reserve(arr.size);
+        for (size_t i = 0; i < arr.size; ++i) {
+            if (std::isfinite(arr.data[i].logit)) order.emplace_back(arr.data[i].logit, arr.data[i].id);
+        }
+        const size_t k = std::min(order.size(), (size_t)n_logprobs_);
+        // largest first; equal logits by id, so the order is reproducible
+        std::partial_sort(order.begin(), order.begin() + (long)k, order.end(),
+                          [](const auto & a, const auto & b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
+        for (size_t i = 0; i < k; ++i) last_top_.emplace_back(order[i].second, order[i].first - log_norm_);
+    }
+
+    // Would the grammar end here (its end-of-generation token allowed)? Only the ban on
+    // end-of-generation tokens (ignore_eos, min_tokens) can then have ruled every candidate
+    // out; the request ends as if the model had stopped.
     bool grammar_complete() {
         const llama_token eos = llama_vocab_eos(model->vocab());
-        if (grammar_ == nullptr || !ignore_eos_ || eos == LLAMA_TOKEN_NULL) return false;
+        if (grammar_ == nullptr || !ban_eog() || eos == LLAMA_TOKEN_NULL) return false;
         llama_token_data one{eos, 0.0f, 0.0f};
         llama_token_data_array arr{&one, 1, -1, false};
         llama_sampler_apply(grammar_, &arr);
@@ -181,10 +260,11 @@ private:
         if (logits == nullptr) throw py::value_error("sample: no logits at output row " + std::to_string(idx));
         const llama_vocab * vocab = model->vocab();
         const int n_vocab = llama_vocab_n_tokens(vocab);
+        const bool ban = ban_eog();
         llama_token best = -1;
         float best_logit = -INFINITY;
         for (llama_token t = 0; t < n_vocab; ++t) {
-            if (logits[t] > best_logit && !(ignore_eos_ && llama_vocab_is_eog(vocab, t))) {
+            if (logits[t] > best_logit && !(ban && llama_vocab_is_eog(vocab, t))) {
                 best_logit = logits[t];
                 best = t;
             }
@@ -213,6 +293,14 @@ private:
     }
 
     std::vector<llama_token_data> cur_;  // the candidate array, reused across tokens
+    std::vector<llama_token> eog_;       // the vocabulary's end-of-generation tokens
+    std::vector<float> shaped_;          // logprobs: the shaped logits by id (tap)
+    std::vector<std::pair<llama_token, float>> last_top_;
+    float log_norm_ = 0.0f, last_logprob_ = 0.0f;
+    long long n_logprobs_ = -1;          // alternatives per token; -1: no logprobs
+    long long min_tokens_ = 0;
+    long long n_sampled_ = 0;
+    int n_shaping_ = 0;                  // the chain's first samplers that shape, not pick
     llama_sampler * chain_ = nullptr;
     llama_sampler * budget_ = nullptr;  // owned by chain_
     llama_sampler * grammar_ = nullptr;  // owned by chain_
@@ -231,6 +319,8 @@ void bind_sampler(py::module_ & m) {
         .def("accept", &Sampler::accept, py::arg("token"),
              "Feed a token the sampler did not choose (e.g. prompt tokens for penalties).")
         .def("reset", &Sampler::reset)
+        .def("last_logprobs", &Sampler::last_logprobs,
+             "The last sampled token's logprob and its top alternatives [(id, logprob)]; None without logprobs.")
         .def_property_readonly("budget_state", &Sampler::budget_state,
                                "The reasoning-budget sampler's state, None without one.")
         .def("close", &Sampler::close);

@@ -102,9 +102,20 @@ class Context:
         """state_seq_set(seq, state_join(pieces, keys)); nothing restored when the join refuses."""
 
 class Sampler:
-    """A per-request llama.cpp sampler chain (grammar, penalties, top-k/p, min-p, temperature, dist)."""
+    """A per-request llama.cpp sampler chain: shaping (reasoning budget, grammar, logit_bias,
+    penalties) then picking (greedy, or top-k/p, min-p, temperature, dist).
+
+    params: temperature, top_k, top_p, min_p, repetition_penalty, repeat_last_n (-1 = the
+    model's trained context), frequency_penalty, presence_penalty, seed, grammar /
+    grammar_root or grammar_proto, reasoning_budget, ignore_eos, min_tokens (no
+    end-of-generation token before this many samples), logit_bias ([(id, bias)], -inf bans),
+    logprobs (alternatives per token; None = off, up to n_vocab)."""
     def __init__(self, model: Model, params: dict[str, Any]) -> None: ...
     def sample(self, ctx: Context, idx: int) -> int: ...
+    def last_logprobs(self) -> tuple[float, list[tuple[int, float]]] | None:
+        """The last sampled token's logprob and the top `logprobs` tokens [(id, logprob)],
+        most likely first, from the log-softmax of the shaped logits (before temperature and
+        truncation; tokens of probability 0 left out). None without logprobs."""
     def accept(self, token: int) -> None: ...
     def reset(self) -> None: ...
     def close(self) -> None: ...

@@ -56,7 +56,7 @@ from .naming import describe, model_facts, model_id_for  # noqa: F401 - registry
 from .prefix_cache import EngineCache
 from .recovery import Recovery
 from .request import Request, next_ref
-from .request_setup import reasoning_budget, special_ids
+from .request_setup import logit_bias_ids, reasoning_budget, special_ids
 from .request_table import RequestTable
 from .results import BatchResults
 from .scheduler import BatchPlan, Budget, plan_problem, strategy_for, strategy_name
@@ -183,7 +183,7 @@ class Engine:
         ``verify_from``: a verify() request, the argmax of every row from there on;
         ``draft``: the Engine of ``speculative={'draft': id}``."""
         check_speculative(opts.speculative, self, draft)
-        grammar = self.grammars.for_request(opts.grammar, opts.json_schema)
+        grammar = self.grammars.for_request(opts.grammar, opts.json_schema, opts.grammar_root)
         seed = opts.seed if opts.seed is not None else random.randrange(2**32 - 1)
         with self._cv:
             if self._stopping:
@@ -205,6 +205,7 @@ class Engine:
             req.continues = continue_session
             req.reasoning_budget = reasoning_budget(self.model, opts, req.prompt)
             req.special = special_ids(self.model, opts.render_special)
+            req.logit_bias = logit_bias_ids(self.model, opts)
             req.sync_saves = sync_saves
             req.verify_from = req.out_from = verify_from
             req.draft_engine = draft

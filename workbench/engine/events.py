@@ -47,23 +47,57 @@ class Stats:
 
 
 @dataclass(slots=True, frozen=True)
+class TopLogprob:
+    """One of the most likely tokens at a position (``logprobs=N``)."""
+
+    id: int
+    text: str
+    logprob: float
+
+
+@dataclass(slots=True, frozen=True)
+class TokenLogprob:
+    """A generated token's log-probability and the ``logprobs`` most likely tokens at its
+    position, most likely first (docs/api.md, "Log-probabilities", says from which logits)."""
+
+    id: int
+    text: str
+    logprob: float
+    top: tuple[TopLogprob, ...] = ()
+
+
+@dataclass(slots=True, frozen=True)
 class Token:
-    """A piece of reply text (whole UTF-8 characters; stop strings never leak)."""
+    """A piece of reply text (whole UTF-8 characters; stop strings never leak).
+
+    ``logprob`` (with ``logprobs=``): the summed log-probability of the tokens generated
+    since the previous Token event, whose text this piece releases; None without."""
 
     text: str
+    logprob: float | None = None
+
+    def __repr__(self) -> str:  # without logprobs, events read as before: Token(text='Hi')
+        lp = "" if self.logprob is None else f", logprob={self.logprob:.4f}"
+        return f"Token(text={self.text!r}{lp})"
 
 
 @dataclass(slots=True, frozen=True)
 class TokenId:
     """The id of each generated token, in order (emitted before its text). ``draft``: the
     token was a speculative draft token the target accepted (False for a token the target
-    sampled itself, and always False without ``speculative=``)."""
+    sampled itself, and always False without ``speculative=``). ``logprob``, ``top_logprobs``
+    (with ``logprobs=``): its log-probability and the most likely tokens at its position."""
 
     id: int
     draft: bool = False
+    logprob: float | None = None
+    top_logprobs: tuple[TopLogprob, ...] = ()
 
     def __repr__(self) -> str:  # plain decoding's events read as before: TokenId(id=504)
-        return f"TokenId(id={self.id}, draft=True)" if self.draft else f"TokenId(id={self.id})"
+        extra = ", draft=True" if self.draft else ""
+        if self.logprob is not None:
+            extra += f", logprob={self.logprob:.4f}"
+        return f"TokenId(id={self.id}{extra})"
 
 
 @dataclass(slots=True, frozen=True)
@@ -77,6 +111,7 @@ class Done:
     stop_sequence: str | None
     stats: Stats
     finish_key: str | None = None
+    logprobs: tuple[TokenLogprob, ...] | None = None  # one per token of ``tokens`` (logprobs=)
 
 
 @dataclass(slots=True, frozen=True)
@@ -120,11 +155,12 @@ class CompletionResult:
     model: str
     ref: int
     finish_key: str | None = None
+    logprobs: tuple[TokenLogprob, ...] | None = None  # one per token of ``tokens`` (logprobs=)
 
     @classmethod
     def from_done(cls, done: Done, model: str, ref: int) -> CompletionResult:
         return cls(done.reply, done.tokens, done.context_tokens, done.finish_reason,
-                   done.stop_sequence, done.stats, model, ref, done.finish_key)
+                   done.stop_sequence, done.stats, model, ref, done.finish_key, done.logprobs)
 
     def _repr_pretty_(self, p: Any, cycle: bool) -> None:
         s = self.stats

@@ -22,15 +22,18 @@ class GrammarCache:
         self._model = model
         self._capacity = capacity
         self._lock = threading.Lock()
-        self._grammars: OrderedDict[str, Any] = OrderedDict()
+        self._grammars: OrderedDict[tuple[str, str], Any] = OrderedDict()  # (text, root)
         self._schemas: OrderedDict[str, str] = OrderedDict()
         self.hits = 0
         self.misses = 0
 
-    def for_request(self, grammar: str | None, json_schema: str | None) -> Any:
-        """The native Grammar prototype for a request's options, or None."""
+    def for_request(self, grammar: str | None, json_schema: str | None, root: str = "root") -> Any:
+        """The native Grammar prototype for a request's options, or None. ``root``: the
+        grammar's start rule (grammar_root; a JSON schema's grammar starts at 'root')."""
         if grammar is not None and json_schema is not None:
             raise InvalidOption("json_schema", "...", "not both grammar and json_schema")
+        if root != "root" and grammar is None:
+            raise InvalidOption("grammar_root", root, "'root' unless grammar is given (it names a rule of grammar)")
         if json_schema is not None:
             grammar = self._schema_grammar(json_schema)
             key = "json_schema"
@@ -39,22 +42,28 @@ class GrammarCache:
         if grammar is None:
             return None
         with self._lock:
-            proto = self._grammars.get(grammar)
+            proto = self._grammars.get((grammar, root))
             if proto is not None:
-                self._grammars.move_to_end(grammar)
+                self._grammars.move_to_end((grammar, root))
                 self.hits += 1
                 return proto
         try:
-            proto = _native.Grammar(self._model, grammar)
+            proto = _native.Grammar(self._model, grammar, root)
         except ValueError as e:
-            raise InvalidOption(key, grammar if key == "grammar" else json_schema,
-                                f"a grammar llama.cpp accepts: {e}") from None
+            raise self._refused(key, grammar if key == "grammar" else json_schema, root, e) from None
         with self._lock:
             self.misses += 1
-            self._grammars[grammar] = proto
+            self._grammars[(grammar, root)] = proto
             while len(self._grammars) > self._capacity:
                 self._grammars.popitem(last=False)
         return proto
+
+    @staticmethod
+    def _refused(key: str, value: str | None, root: str, err: ValueError) -> InvalidOption:
+        """llama.cpp refused the grammar: a missing start rule names grammar_root."""
+        if root != "root" and f"'{root}'" in str(err):
+            return InvalidOption("grammar_root", root, f"a rule the grammar defines: {err}")
+        return InvalidOption(key, value, f"a grammar llama.cpp accepts: {err}")
 
     def _schema_grammar(self, schema_json: str) -> str:
         with self._lock:

@@ -7,6 +7,7 @@ threads only read plain attributes (phase, counts), never wait on the loop.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import queue
 import threading
@@ -16,7 +17,7 @@ from typing import Any
 
 from ..cache import HitKind
 from ..options import RequestOptions
-from .events import RequestPhase, Done, Error, Event, FinishReason, Stats, Token, TokenId
+from .events import RequestPhase, Done, Error, Event, FinishReason, Stats, Token, TokenId, TokenLogprob
 from .text import ReplyText
 
 _refs = itertools.count(1)
@@ -51,6 +52,7 @@ class Request:
     prefilled: int = 0
     grammar: Any = None              # native Grammar prototype (from the engine's cache)
     reasoning_budget: dict[str, Any] | None = None  # token form of opts.reasoning_budget
+    logit_bias: list[tuple[int, float]] = field(default_factory=list)  # opts.logit_bias by token id
     special: bool | frozenset[int] = False          # render_special: all, none, or these ids
     session: Any = None              # sessions.Session when session_id was given
     kv_tokens: list[int] = field(default_factory=list)  # live KV the sequence held at admission
@@ -67,24 +69,37 @@ class Request:
     out_from: int | None = None      # every row from this position on gets logits (verify rows)
     verify_from: int | None = None   # a verify() request: its argmax from this position on
     argmax: list[int] = field(default_factory=list)  # a verify() request's argmax per row
+    # logprobs=: samples drawn but not yet in the reply (engine/logprobs.py), one per token taken
+    pending_logprobs: collections.deque[Any] = field(default_factory=collections.deque)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    logprob_since_text: float | None = None  # summed over the tokens since the last Token event
     finished: threading.Event = field(default_factory=threading.Event)
 
     def __post_init__(self) -> None:
         self.text = ReplyText(self.opts.stop_sequences)
 
     # --- events (loop thread) ----------------------------------------------------------
-    def emit_token(self, token: int, piece: bytes, draft: bool = False) -> None:
-        self.events.put(TokenId(token, draft))
+    def emit_token(self, token: int, piece: bytes, draft: bool = False, lp: TokenLogprob | None = None) -> None:
+        if lp is None:
+            self.events.put(TokenId(token, draft))
+        else:
+            self.logprobs.append(lp)
+            self.logprob_since_text = (self.logprob_since_text or 0.0) + lp.logprob
+            self.events.put(TokenId(token, draft, lp.logprob, lp.top))
         assert self.text is not None
         out = self.text.push(piece)
         if out:
-            self.events.put(Token(out))
+            self.put_text(out)
+
+    def put_text(self, text: str) -> None:
+        self.events.put(Token(text, self.logprob_since_text))
+        self.logprob_since_text = None
 
     def finish(self, reason: FinishReason) -> Done:
         assert self.text is not None
         tail = self.text.flush()
         if tail:
-            self.events.put(Token(tail))
+            self.put_text(tail)
         done = Done(
             reply=self.text.reply,
             tokens=tuple(self.generated),
@@ -93,6 +108,7 @@ class Request:
             stop_sequence=self.text.stop_hit,
             stats=self.stats(),
             finish_key=self.finish_key,
+            logprobs=tuple(self.logprobs) if self.opts.logprobs is not None else None,
         )
         self.phase = "done"
         self.events.put(done)

@@ -1,5 +1,5 @@
 """A request's native settings from its options: which special tokens it shows, the token
-form of its reasoning budget, its sampler chain's parameters. Pure functions of the model's
+form of its reasoning budget and of its logit_bias, its sampler chain's parameters. Pure functions of the model's
 vocabulary and the options; the engine calls them when a request is submitted or admitted.
 """
 
@@ -10,6 +10,7 @@ from typing import Any
 from ..errors import InvalidOption
 from ..options import RequestOptions
 from .request import Request
+from .tokens import at_least
 
 
 def special_ids(model: Any, render: bool | tuple[str, ...]) -> bool | frozenset[int]:
@@ -44,6 +45,29 @@ def reasoning_budget(model: Any, opts: RequestOptions, prompt: list[int]) -> dic
             "inside": not rb["start"] or tail.endswith(rb["start"])}
 
 
+def logit_bias_ids(model: Any, opts: RequestOptions) -> list[tuple[int, float]]:
+    """logit_bias as (token id, bias) pairs: an id must be in the vocabulary, a text must be
+    exactly one token (special tokens by their text, e.g. '<|im_end|>'), each token once."""
+    if not opts.logit_bias:
+        return []
+    out: dict[int, float] = {}
+    for key, bias in opts.logit_bias.items():
+        if isinstance(key, int):
+            if key >= model.n_vocab:
+                raise InvalidOption("logit_bias key", key, f"a token id of this model (0 to {model.n_vocab - 1})")
+            tid = key
+        else:
+            ids = model.tokenize(key, False, True) if at_least(model, key) <= 1 else []
+            if len(ids) != 1:
+                raise InvalidOption("logit_bias key", key, "a text that is exactly one token of this model "
+                                    f"(it is {len(ids) or 'more than one'}; give token ids instead)")
+            tid = ids[0]
+        if tid in out:
+            raise InvalidOption("logit_bias key", key, f"each token once (token {tid} is named twice)")
+        out[tid] = bias
+    return list(out.items())
+
+
 def sampler_params(req: Request) -> dict[str, Any]:
     o = req.opts
     return {
@@ -57,4 +81,9 @@ def sampler_params(req: Request) -> dict[str, Any]:
         "grammar_proto": req.grammar,
         "reasoning_budget": req.reasoning_budget,
         "ignore_eos": o.ignore_eos,
+        "min_tokens": o.min_tokens,
+        "frequency_penalty": o.frequency_penalty,
+        "presence_penalty": o.presence_penalty,
+        "logit_bias": req.logit_bias,
+        "logprobs": o.logprobs,
     }

@@ -18,6 +18,7 @@ from .. import _native
 from .batch import DecodeBatch
 from .cache_saves import SavePoints
 from .grammars import grammar_dead_end, sampling_failed
+from .logprobs import next_logprob, record_sample
 from .request import Request
 from .request_table import RequestTable
 from .seq_pool import SeqPool
@@ -73,7 +74,9 @@ class BatchResults:
         """The request's sampler's token at output ``row`` (accepted into its chain); None
         when sampling failed, and the request has then failed."""
         try:
-            return int(req.sampler.sample(self._pool.ctx, row))
+            token = int(req.sampler.sample(self._pool.ctx, row))
+            record_sample(req)
+            return token
         except ValueError as e:  # the grammar left no token to sample (csrc/sampler.cpp)
             self._table.fail(req, grammar_dead_end(req.opts.grammar, req.opts.json_schema, e))
         except _native.NativeError as e:  # llama.cpp threw inside the chain: this request ends
@@ -92,7 +95,7 @@ class BatchResults:
         req.generated.append(token)
         req.last_token_at = now
         special = req.special if isinstance(req.special, bool) else token in req.special
-        req.emit_token(token, self._model.token_to_piece(token, special), draft)
+        req.emit_token(token, self._model.token_to_piece(token, special), draft, next_logprob(self._model, req, token))
         if req.text is not None and req.text.stop_hit is not None:
             return "stop"
         if len(req.generated) >= req.opts.response_tokens or req.n_past + 1 >= self._pool.ctx.n_ctx:

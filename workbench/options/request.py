@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -10,6 +12,9 @@ from typing import Any
 from ..errors import InvalidOption
 from .rules import (INT32_MAX, as_bool, as_float, as_int, as_json_object, as_json_schema, as_marker_pair, as_scope,
                     as_session_id, as_str, as_str_list, build, check_number, one_of, opt)
+
+LOGIT_BIAS_MAX = 100.0  # OpenAI's and vLLM's bound; -inf (a ban) is allowed beyond it
+MAX_LOGPROBS = 20       # alternatives per token, as OpenAI's top_logprobs and vLLM's default cap
 
 def _tool_choice(key: str, v: Any, where: str) -> Any:
     """'auto' | 'none' | 'required' | {'type': 'function', 'function': {'name': str}}."""
@@ -59,6 +64,36 @@ def _seconds(key: str, v: Any, where: str) -> Any:
     return float(v)
 
 
+def _logit_bias(key: str, v: Any, where: str) -> Any:
+    """None or {token id (int) or token text (str): bias in [-100, 100] or -inf}. Text keys
+    are resolved to one token per model when the request is submitted (request_setup)."""
+    if v is None:
+        return None
+    if not isinstance(v, Mapping):
+        raise InvalidOption(key, v, "None or a dict {token id or token text: bias}", where)
+    out: dict[int | str, float] = {}
+    for k, b in v.items():
+        if (k == "" or not isinstance(k, (str, int)) or isinstance(k, bool)
+                or (isinstance(k, int) and not 0 <= k <= INT32_MAX)):
+            raise InvalidOption(f"{key} key", k, "a token id (int >= 0) or a token's text (non-empty str)", where)
+        if isinstance(b, (int, float)) and not isinstance(b, bool) and b == -math.inf:
+            out[k] = -math.inf
+        else:
+            out[k] = check_number(f"{key}[{k!r}]", b, -LOGIT_BIAS_MAX, LOGIT_BIAS_MAX, where=where,
+                                  what="a bias (float('-inf') bans the token)")
+    return out
+
+
+_RULE_NAME = re.compile(r"[A-Za-z0-9-]+")
+
+
+def _grammar_root(key: str, v: Any, where: str) -> Any:
+    """A GBNF rule name (letters, digits, '-'), as llama.cpp's grammar parser reads them."""
+    if not isinstance(v, str) or not _RULE_NAME.fullmatch(v):
+        raise InvalidOption(key, v, "a GBNF rule name (letters, digits and '-'), e.g. 'root'", where)
+    return v
+
+
 NGRAM_KINDS = {"simple": "ngram-simple", "map_k": "ngram-map-k", "map_k4v": "ngram-map-k4v", "cache": "ngram-cache"}
 
 
@@ -106,8 +141,16 @@ class RequestOptions:
     seed: int | None = opt(None, as_int(0, 2**32 - 2, none_ok=True), "None = a fresh random seed")
     stop_sequences: tuple[str, ...] = opt((), as_str_list)
     grammar: str | None = opt(None, as_str())
+    grammar_root: str = opt("root", _grammar_root, "the grammar's start rule (only with grammar)")
     json_schema: str | None = opt(None, as_json_schema, "constrain output to a JSON schema (dict or text)")
     ignore_eos: bool = opt(False, as_bool, "never sample end-of-generation tokens (benchmarks)")
+    min_tokens: int = opt(0, as_int(0), "no end-of-generation token before this many tokens (vLLM's)")
+    frequency_penalty: float = opt(0.0, as_float(-2.0, 2.0), "minus this times a token's count so far")
+    presence_penalty: float = opt(0.0, as_float(-2.0, 2.0), "minus this once a token has appeared")
+    logit_bias: dict[int | str, float] | None = opt(None, _logit_bias,
+                                                     "{token id or text: bias}, added to its logit; -inf bans")
+    logprobs: int | None = opt(None, as_int(0, MAX_LOGPROBS, none_ok=True),
+                               "each token's logprob and the N most likely tokens (None = off)")
     render_special: bool | tuple[str, ...] = opt(False, _render_special,
                                                  "show special tokens' text in the reply: True = all, or these")
     reasoning_budget: dict[str, Any] | None = opt(None, _reasoning_budget,
