@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-ray = pytest.importorskip("ray")
 
 
 @pytest.fixture(scope="session")

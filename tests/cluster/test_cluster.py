@@ -181,6 +181,38 @@ def test_views_show_replicas_and_decisions(cluster, scope):
     assert [b.get_height() for b in fig.axes[0].patches] == [reps.loc[n, "routed"] for n in reps.index]
 
 
+def test_chat_through_the_cluster_is_the_in_process_chat(cluster, model, scope):
+    import workbench as wb
+
+    messages = [{"role": "user", "content": "Say hello in French."}]
+    local = wb.chat(model, messages, response_tokens=10)
+    remote = cluster.chat(messages, response_tokens=10, cache_scope=scope)
+    assert type(remote) is type(local) and remote.message == local.message and remote.tokens == local.tokens
+    rec = list(cluster.routing.log)[-1]
+    assert rec["kind"] == "chat" and rec["prompt_tokens"] == local.stats.prompt_tokens
+
+
+def test_wb_cluster_commands(cluster, monkeypatch):
+    from IPython.core.interactiveshell import InteractiveShell
+
+    import workbench.cluster as wc
+    from workbench.notebook import widgets
+
+    assert wc.current() is cluster
+    monkeypatch.setenv(widgets.DISPLAY_ENV, "text")
+    shell = InteractiveShell.instance()
+    if "workbench" not in shell.extension_manager.loaded:
+        assert shell.run_cell("%load_ext workbench").success
+    status = shell.run_cell("%wb cluster status")
+    assert list(status.result.index) == [m.name for m in cluster.members]
+    assert len(shell.run_cell("%wb cluster decisions --last 2").result) == min(2, len(cluster.routing.log))
+    bad = shell.run_cell("%wb cluster router fastest")
+    assert not bad.success and "'router'" in str(bad.error_in_exec) and "fastest" in str(bad.error_in_exec)
+    again = shell.run_cell("%wb cluster start")
+    assert not again.success and "already running" in str(again.error_in_exec)
+    assert shell.run_cell("%wb cluster router cache_affinity").success
+
+
 # --- faults (last: they kill replicas) ---------------------------------------------------------
 
 def test_a_replica_killed_mid_stream_ends_the_stream_with_an_error_naming_it(cluster, scope):

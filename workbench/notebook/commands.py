@@ -4,6 +4,7 @@ magic_arguments parser, called by `WorkbenchMagics.wb` with the parsed arguments
     %wb load [PATH|default] [--id ID] [--n-ctx N] [--n-seq-max N]
     %wb models | unload ID | counters | history | mode [auto|widget|text]
     %wb cache | tiers | evict BYTES [--tier T] | pin KEY | unpin KEY   [--model ID | --cache VAR]
+    %wb cluster start|status|decisions|plot|router|sync|stop   (cluster_commands.py)
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 import workbench as wb
 from workbench import errors
 from workbench.notebook import views, widgets
+from workbench.notebook.cluster_commands import cluster_command
 from workbench.units import format_bytes, format_count, parse_bytes
 
 if TYPE_CHECKING:
@@ -222,6 +224,5 @@ def _unpin(m: WorkbenchMagics, args: Any) -> None:
 SUBCOMMANDS: dict[str, Any] = {
     "load": _load, "models": _models, "unload": _unload, "counters": _counters, "history": _history,
     "mode": _mode, "cache": _cache, "tiers": _tiers, "evict": _evict, "pin": _pin, "unpin": _unpin,
+    "cluster": cluster_command,
 }
-
-
