@@ -13,23 +13,34 @@ The model, all from those measurements:
 
 - acceptance: each draft token is accepted with probability ``a`` given the ones before it
   were (decayed counts of accepted and rejecting positions, from a prior of one each that
-  decays with them), so a draft
-  of k yields 1 + a(1 - a^k)/(1 - a) tokens;
-- cost: plain step P, plus a verify step's own C and R per verified draft row (a line
-  through the least extra time seen at each draft length; on a CPU a 2-row decode costs
-  much more than a 1-row one, later rows less), plus per drafted token D (the drafter's
-  time per token asked for).
+  decays with them), so a draft of k yields 1 + a(1 - a^k)/(1 - a) tokens;
+- cost: plain step P, plus a verify step's own C and R per verified draft row, plus per
+  drafted token D (the drafter's time per token asked for). C and R are a line through
+  the least extra time seen at each verified length. On a CPU a 2-row decode costs much
+  more than a 1-row one and later rows little, so C can be larger than P: one length
+  cannot tell C from R, and until two lengths far enough apart are measured the line
+  is the pessimistic one (C = 0, all of it per row).
 
-The next length is the k in [n_min, cap] with the most tokens per second; when even that
-is not ``MIN_GAIN`` times plain decoding's 1/P, speculation is off for the request: it
-decodes plainly for ``backoff`` steps (at least so many that a probe costs at most
-``PROBE_BUDGET`` of their time), then probes with a one-token draft, whose result weighs
-as much as all that was known before; a probe that does not pay doubles the backoff. The first
-``WARMUP`` steps are plain (they measure P), and every ``REFRESH`` speculated steps one is
-plain again so P follows the machine's load.
+The next length is the longer of two:
 
-State: one request's estimates and decision counts; no clock of its own (tests feed it
-synthetic observations).
+- exploit: the k in [n_min, cap] with the most expected tokens per second under the line;
+- explore: while the line is not known, a draft longer than any measured, when it would
+  pay were its further rows free, as long as its expected loss (under the pessimistic
+  line) fits the request's slack. The slack starts at ``INITIAL_SLACK`` plain steps,
+  earns ``BUDGET`` of a plain step per plain step and is charged (or credited) every
+  speculated step's time over (under) what plain decoding would have taken for its
+  tokens. So on a reply whose first long draft is accepted the line is measured at once,
+  and on a poor one exploring costs at most that allowance.
+
+When neither is above 0 (no k is ``MIN_GAIN`` times plain decoding's 1/P), speculation is
+off for the request: it decodes plainly for ``backoff`` steps (at least so many that a
+probe costs at most ``PROBE_BUDGET`` of their time), then probes with a one-token draft,
+whose result weighs as much as all that was known before; a probe that does not pay
+doubles the backoff. The first ``WARMUP`` steps are plain (they measure P), and every
+``REFRESH`` speculated steps one is plain again so P follows the machine's load.
+
+State: one request's estimates, slack and decision counts; no clock of its own (tests
+feed it synthetic observations).
 """
 
 from __future__ import annotations
@@ -41,15 +52,19 @@ from typing import Any
 WARMUP = 2            # plain steps first: they measure the plain step cost
 REFRESH = 32          # speculated steps between plain re-measurements
 MIN_GAIN = 1.03       # expected speed over plain decoding needed to speculate
-PROBE_LEN = 1         # draft length of a probe while off: one row risked
+PROBE_HOPE = 0.9      # a probe while off is as long as would pay best at this acceptance
 FIRST_BACKOFF = 16    # plain steps before the first probe; doubles up to MAX_BACKOFF
 MAX_BACKOFF = 128
 PROBE_BUDGET = 0.01   # and at least so many that a probe costs at most this share of their time
 PROBE_FORGET = 0.5    # a probe's result weighs as much as this share of what was known before
 DECAY = 0.9           # weight of the past in the acceptance counts, per verified step
-WINDOW = 8            # time observations kept per cost
-PRIOR_ROW = 0.25      # a verify row's cost, in plain steps, where its average starts
+WINDOW = 8            # time observations kept per cost (per verified length for the line)
+PRIOR_ROW = 0.5       # a verify row's cost, in plain steps, before any is measured (a first draft of 2)
 PRIOR_COUNT = 1.0     # accepted and rejecting positions counted before any is seen
+INITIAL_SLACK = 1.0   # plain steps' time exploring may lose before it has earned any
+BUDGET = 0.015        # of a plain step's time, earned per plain step (under MIN_GAIN - 1)
+MAX_SLACK = 16.0      # plain steps: what good steps bank for exploring is bounded
+SPAN = 2              # the line is known once two lengths, one SPAN times the other, are measured
 
 
 class Cost:
@@ -65,10 +80,22 @@ class Cost:
     def value(self) -> float | None:
         return min(self.seen) if self.seen else None
 
+    @property
+    def mean(self) -> float | None:
+        return sum(self.seen) / len(self.seen) if self.seen else None
+
 
 def expected_accepted(a: float, k: int) -> float:
     """Expected accepted tokens of a k-token draft at per-token acceptance ``a``."""
     return float(k) if a >= 1.0 else a * (1.0 - a ** k) / (1.0 - a)
+
+
+def fit_line(least: dict[int, float]) -> tuple[float, float]:
+    """(C, R) of extra = C + k R through (k, extra) points, least squares, both >= 0."""
+    n = len(least)
+    mk, mx = sum(least) / n, sum(least.values()) / n
+    slope = max(0.0, sum((k - mk) * (x - mx) for k, x in least.items()) / sum((k - mk) ** 2 for k in least))
+    return max(0.0, mx - slope * mk), slope
 
 
 class SpecPolicy:
@@ -78,10 +105,11 @@ class SpecPolicy:
         self.n_min = max(1, n_min)
         self.adaptive = adaptive
         self._plain = Cost()                   # a plain step
-        self._row: collections.deque[tuple[int, float]] = collections.deque(maxlen=WINDOW)  # (rows, step_s)
+        self._rows: dict[int, Cost] = {}       # a verify step's time, by draft length verified
         self._draft_tok = Cost()               # the drafter, per token asked for
         self._hits = PRIOR_COUNT               # decayed accepted positions (a prior, decaying too)
         self._misses = PRIOR_COUNT             # decayed rejecting positions
+        self._prior_weight = 1.0               # what is left of the prior in those counts
         self._plain_n = 0
         self._since_plain = 0
         self.on = True
@@ -89,37 +117,48 @@ class SpecPolicy:
         self._backoff = FIRST_BACKOFF
         self._probing = False                  # a probe was asked for, not yet verified
         self._probed = False                   # a probe was verified, not yet decided on
+        self.slack = INITIAL_SLACK             # in plain steps
         self.switched = {"off": 0, "on": 0}
         self.off_steps = 0
         self.plain_steps = 0
         self.probes = 0
+        self.explored = 0                      # verified drafts whose length was exploring
+        self._exploring = False
+        self._cap = 1                          # the last cap asked with: what a probe may be
 
     # --- the decision ------------------------------------------------------------------------
     def next_length(self, cap: int) -> int:
         """Draft length for the next step, at most ``cap``; 0 = a plain step."""
         if not self.adaptive:
             return cap
+        self._cap = cap
         if self._plain_n < WARMUP:
             return 0
         if not self.on:
             return self._while_off(cap)
         if self._since_plain >= REFRESH:
             return 0
-        k = self.best_length(cap)
+        k = self.choose(cap)
         if k == 0:
             self._switch_off()
         return k
 
+    def choose(self, cap: int) -> int:
+        """The longer of the best length under the line and an affordable exploring one."""
+        best, explore = self.best_length(cap), self.explore_length(cap)
+        self._exploring = explore > best
+        return max(best, explore)
+
     def _while_off(self, cap: int) -> int:
-        if self._off_left > 0:
-            self._off_left -= 1
+        if self._off_left > 0 or (not self._probed and self.slack < self._probe_loss()):
+            self._off_left = max(0, self._off_left - 1)
             self.off_steps += 1
             return 0
         if not self._probed:
             self._probing = True
-            return max(self.n_min, min(cap, PROBE_LEN))
+            return self.probe_length(cap)
         self._probed = False
-        k = self.best_length(cap)
+        k = self.choose(cap)
         if k > 0:
             self.on, self._backoff = True, FIRST_BACKOFF
             self.switched["on"] += 1
@@ -135,33 +174,40 @@ class SpecPolicy:
 
     def _go_off(self) -> None:
         """Plain steps until the next probe: the backoff, or more where a probe is dear."""
-        plain = max(self.plain_s or 0.0, 1e-9)
-        probe_s = PROBE_LEN * self._per_row(plain)
-        self._off_left = max(self._backoff, min(MAX_BACKOFF, math.ceil(probe_s / (PROBE_BUDGET * plain)))) - 1
+        probe = self._probe_loss()
+        self._off_left = max(self._backoff, min(MAX_BACKOFF, math.ceil(probe / PROBE_BUDGET))) - 1
         self.off_steps += 1
 
-    def _per_row(self, plain: float) -> float:
-        """A draft token's cost: its verify row and its share of the drafter."""
-        return self.verify_cost(plain)[1] + (self.draft_tok_s or 0.0)
+    def probe_length(self, cap: int) -> int:
+        """The draft length that would pay best were PROBE_HOPE of it accepted: one row
+        where rows cost alike, longer where a verify step's first row is the dear one."""
+        return max(self.n_min, min(cap, self._fastest(PROBE_HOPE, cap)[0]))
+
+    def _probe_loss(self) -> float:
+        """A probe's cost over a plain step, in plain steps: it waits until the slack has it."""
+        plain = max(self.plain_s or 0.0, 1e-9)
+        step, row = self.verify_cost(plain)
+        return (step + self.probe_length(self._cap) * (row + (self.draft_tok_s or 0.0))) / plain
+
+    def _least_extra(self, plain: float) -> dict[int, float]:
+        """The least time over a plain step seen at each verified length."""
+        return {k: max(0.0, (c.value or 0.0) - plain) for k, c in self._rows.items()}
+
+    def line_known(self) -> bool:
+        """Whether two measured lengths, one at least SPAN times the other, pin C and R."""
+        return bool(self._rows) and max(self._rows) >= SPAN * min(self._rows)
 
     def verify_cost(self, plain: float) -> tuple[float, float]:
-        """(C, R): a verify step of k rows costs P + C + k R beyond its drafting. From the
-        least extra time seen at each length: a line through them when there are two
-        lengths or more, else all of it per row (C = 0); PRIOR_ROW * P per row counts as
-        one length-1 observation until WINDOW // 2 are seen."""
-        least: dict[int, float] = {}
-        for k, t in self._row:
-            least[k] = min(least.get(k, math.inf), max(0.0, t - plain))
-        if len(self._row) < WINDOW // 2:
-            least[1] = min(least.get(1, math.inf), PRIOR_ROW * plain)
-        if len(least) == 1:
-            (k, x), = least.items()
-            return 0.0, x / k
-        n = len(least)
-        mk, mx = sum(least) / n, sum(least.values()) / n
-        slope = sum((k - mk) * (x - mx) for k, x in least.items()) / sum((k - mk) ** 2 for k in least)
-        slope = max(slope, 0.0)
-        return max(0.0, mx - slope * mk), slope
+        """(C, R): a verify step of k rows costs P + C + k R beyond its drafting. A line
+        through the least extra time seen at each length once it is known; before, all of
+        it per row (C = 0) at the longest length measured, PRIOR_ROW * P before any."""
+        least = self._least_extra(plain)
+        if not least:
+            return 0.0, PRIOR_ROW * plain
+        if not self.line_known():
+            k = max(least)
+            return 0.0, least[k] / k
+        return fit_line(least)
 
     @property
     def plain_s(self) -> float | None:
@@ -182,21 +228,51 @@ class SpecPolicy:
     def acceptance(self) -> float:
         return (self._hits + 1e-3) / (self._hits + self._misses + 2e-3)
 
+    def _rate(self, a: float, k: int, step: float, per_row: float, plain: float) -> float:
+        return (1.0 + expected_accepted(a, k)) / (plain + step + k * per_row)
+
     def best_length(self, cap: int) -> int:
         """The k in [n_min, cap] with the most expected tokens per second, or 0 when none
         is MIN_GAIN times faster than a plain step."""
         if self.plain_s is None or cap < self.n_min:
             return 0
-        plain = max(self.plain_s, 1e-9)
+        k, rate = self._fastest(self.acceptance(), cap)
+        return k if rate > MIN_GAIN / max(self.plain_s, 1e-9) else 0
+
+    def _fastest(self, a: float, cap: int) -> tuple[int, float]:
+        """The k in [n_min, cap] with the most expected tokens per second at acceptance a."""
+        plain = max(self.plain_s or 0.0, 1e-9)
         step, row = self.verify_cost(plain)
         per_row = row + (self.draft_tok_s or 0.0)
-        a = self.acceptance()
-        best_k, best_rate = 0, MIN_GAIN / plain
-        for k in range(self.n_min, cap + 1):
-            rate = (1.0 + expected_accepted(a, k)) / (plain + step + k * per_row)
-            if rate > best_rate:
-                best_k, best_rate = k, rate
-        return best_k
+        return max(((k, self._rate(a, k, step, per_row, plain)) for k in range(self.n_min, cap + 1)),
+                   key=lambda kr: kr[1], default=(0, 0.0))
+
+    def explore_length(self, cap: int) -> int:
+        """While the line is not known: the longest draft past every measured length whose
+        expected loss under the pessimistic line fits the slack, when a draft of ``cap``
+        would pay were the rows past the longest measured free; else 0."""
+        if self.plain_s is None or self.line_known():
+            return 0
+        plain = max(self.plain_s, 1e-9)
+        longest = max(self._rows, default=0)
+        lo = max(self.n_min, longest + 1)
+        if cap < lo:
+            return 0
+        step, row = self.verify_cost(plain)
+        draft, a = self.draft_tok_s or 0.0, self.acceptance()
+        if longest and self._rate(a, cap, longest * row, draft, plain) < MIN_GAIN / plain:
+            return 0      # not even free rows would make a longer draft pay
+        for k in range(cap, lo - 1, -1):
+            loss = step + k * (row + draft) - expected_accepted(self._evidence(), k) * plain
+            if loss <= self.slack * plain:
+                return k
+        return 0
+
+    def _evidence(self) -> float:
+        """The acceptance seen, without the prior (0 before any draft was verified)."""
+        prior = self._prior_weight * PRIOR_COUNT
+        hits, misses = self._hits - prior, self._misses - prior
+        return hits / (hits + misses) if hits + misses > 1e-9 else 0.0
 
     # --- what a step measured ----------------------------------------------------------------
     def observe(self, asked: int, drafted: int, accepted: int, draft_s: float, step_s: float | None) -> None:
@@ -206,29 +282,52 @@ class SpecPolicy:
         if asked:
             self._draft_tok.add(draft_s / asked)
         if drafted == 0:
-            self._plain_step(step_s)
+            self._plain_step(step_s, draft_s)
+            self._exploring = False
             return
         self._since_plain += 1
         if step_s is not None:
-            self._row.append((drafted, step_s))
+            self._rows.setdefault(drafted, Cost()).add(step_s)
+        self._charge(drafted, accepted, draft_s, step_s)
+        self.explored += self._exploring
+        self._exploring = False
         if self._probing:
             self._probing, self._probed = False, True
-            self._hits, self._misses = PROBE_FORGET * self._hits, PROBE_FORGET * self._misses
+            self._scale_counts(PROBE_FORGET)
             self.probes += 1
-        self._hits = DECAY * self._hits + accepted
-        self._misses = DECAY * self._misses + (1.0 if accepted < drafted else 0.0)
+        self._scale_counts(DECAY)
+        self._hits += accepted
+        self._misses += 1.0 if accepted < drafted else 0.0
 
-    def _plain_step(self, step_s: float | None) -> None:
+    def _scale_counts(self, f: float) -> None:
+        self._hits, self._misses, self._prior_weight = f * self._hits, f * self._misses, f * self._prior_weight
+
+    def _charge(self, drafted: int, accepted: int, draft_s: float, step_s: float | None) -> None:
+        """The slack gains what the step saved over plain decoding's time for its tokens
+        (plain steps as they were lately, their noise included, as this step's is)."""
+        if self.plain_s is None:
+            return
+        plain, typical = max(self.plain_s, 1e-9), max(self._plain.mean or 0.0, 1e-9)
+        if step_s is None:
+            step, row = self.verify_cost(plain)
+            step_s = typical + step + drafted * row
+        saved = ((1.0 + BUDGET) * (1 + accepted) * typical - step_s - draft_s) / plain
+        self.slack = min(MAX_SLACK, self.slack + saved)
+
+    def _plain_step(self, step_s: float | None, draft_s: float) -> None:
         self.plain_steps += 1
         if step_s is not None:
             self._plain.add(step_s)
             self._plain_n += 1
             self._since_plain = 0
+        if self.plain_s is not None:
+            self.slack = min(MAX_SLACK, self.slack + BUDGET - draft_s / max(self.plain_s, 1e-9))
 
     def summary(self) -> dict[str, Any]:
         return {
             "adaptive": self.adaptive,
             "decisions": {"off": self.switched["off"], "on": self.switched["on"], "probes": self.probes},
+            "explored": self.explored,
             "off_steps": self.off_steps,
             "plain_steps": self.plain_steps,
             "plain_step_s": self.plain_s,
@@ -236,4 +335,5 @@ class SpecPolicy:
             "verify_step_s": self.verify_step_s,
             "draft_token_s": self.draft_tok_s,
             "estimated_acceptance": self.acceptance() if self.adaptive else None,
+            "slack_steps": self.slack if self.adaptive else None,
         }
