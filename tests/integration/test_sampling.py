@@ -1,0 +1,234 @@
+"""The sampling options on the real default model, as a user sees them: logprobs (checked
+against the logits of the same context), min_tokens, frequency / presence penalties,
+logit_bias and grammar_root; each bad value named."""
+
+from __future__ import annotations
+
+import collections
+import math
+
+import pytest
+
+import workbench as wb
+from workbench import _native
+from workbench.engine.events import Token, TokenId
+from workbench.errors import InvalidOption, UnknownOption
+from workbench.options import LoadConfig, build
+
+pytestmark = pytest.mark.model
+
+
+def chat(text: str) -> str:
+    return f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n"
+
+
+PROMPT = "The capital of France is"
+POEM = chat("Write a poem about the sea.")
+EMPTY_REPLY = "What is 2+2?"   # the instruct model ends at once: an empty reply
+CODE = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n"
+COPY = chat(f"Copy this code exactly:\n{CODE}")
+EAGER = {"ngram": "simple", "size_n": 2, "size_m": 8, "adaptive": False}
+
+
+class FreshContext:
+    """The default model in a context of its own: every row's logits, or a native Sampler's."""
+
+    def __init__(self, model_path) -> None:
+        self.model = _native.Model(str(model_path), 0, True, False)
+        self.ctx = _native.Context(self.model, build(LoadConfig, {"n_ctx": 1024, "n_seq_max": 1})
+                                   .context_params(self.model.n_ctx_train))
+
+    def decode(self, tokens: list[int]) -> None:
+        n = len(tokens)
+        assert self.ctx.decode(tokens, list(range(n)), [0] * n, [1] * n, 0.0) == 0
+
+    def log_softmax(self, row: int) -> dict[int, float]:
+        logits = dict(_native.top_logits(self.ctx, row, self.model.n_vocab))
+        top = max(logits.values())
+        norm = top + math.log(sum(math.exp(v - top) for v in logits.values()))
+        return {t: v - norm for t, v in logits.items()}
+
+    def close(self) -> None:
+        self.ctx.close()
+        self.model.close()
+
+
+@pytest.fixture
+def fresh(model_path):
+    f = FreshContext(model_path)
+    yield f
+    f.close()
+
+
+# --- logprobs -------------------------------------------------------------------------------
+
+def test_logprobs_are_the_log_softmax_of_the_logits(model, fresh):
+    events = list(wb.stream(model, PROMPT, response_tokens=12, logprobs=5))
+    r = events[-1]
+    assert r.logprobs is not None and len(r.logprobs) == len(r.tokens) == 12
+    ids = [e for e in events if isinstance(e, TokenId)]
+    assert [(e.id, e.logprob, e.top_logprobs) for e in ids] == [(lp.id, lp.logprob, lp.top) for lp in r.logprobs]
+    prompt = wb.tokenize(model, PROMPT)
+    fresh.decode(prompt + list(r.tokens))
+    for i, lp in enumerate(r.logprobs):
+        want = fresh.log_softmax(len(prompt) + i - 1)
+        assert lp.id == r.tokens[i] and lp.logprob == pytest.approx(want[lp.id], abs=2e-3)
+        assert len(lp.top) == 5 and lp.top[0].id == lp.id              # greedy: the most likely
+        assert [t.logprob for t in lp.top] == sorted((t.logprob for t in lp.top), reverse=True)
+        assert [t.id for t in lp.top] == sorted(want, key=want.__getitem__, reverse=True)[:5]
+        assert sum(math.exp(t.logprob) for t in lp.top) <= 1.0 + 1e-6
+        assert lp.text == wb.detokenize(model, [lp.id]) or "\ufffd" in lp.text
+    # a Token event carries the joint logprob of the tokens whose text it releases
+    texts = [e for e in events if isinstance(e, Token)]
+    assert sum(e.logprob for e in texts) == pytest.approx(sum(lp.logprob for lp in r.logprobs), abs=1e-4)
+
+
+def test_the_full_distribution_sums_to_one(model_path, fresh):
+    prompt = fresh.model.tokenize(PROMPT, True, True)
+    fresh.decode(prompt)
+    n_vocab = fresh.model.n_vocab
+    sampler = _native.Sampler(fresh.model, {"temperature": 0.0, "logprobs": n_vocab})
+    token = sampler.sample(fresh.ctx, len(prompt) - 1)
+    logprob, top = sampler.last_logprobs()
+    assert len(top) == n_vocab and top[0][0] == token and logprob == top[0][1]
+    assert math.fsum(math.exp(lp) for _, lp in top) == pytest.approx(1.0, abs=1e-4)
+    sampler.close()
+
+
+def test_logprobs_are_taken_before_temperature(model):
+    greedy = wb.complete(model, PROMPT, response_tokens=1, logprobs=4).logprobs[0]
+    for seed in (1, 2, 3):
+        hot = wb.complete(model, PROMPT, response_tokens=1, logprobs=4, temperature=1.5, top_k=0, seed=seed)
+        lp = hot.logprobs[0]
+        assert [t.id for t in lp.top] == [t.id for t in greedy.top]
+        assert [t.logprob for t in lp.top] == pytest.approx([t.logprob for t in greedy.top], abs=1e-3)
+        listed = {t.id: t.logprob for t in lp.top}
+        if lp.id in listed:
+            assert lp.logprob == pytest.approx(listed[lp.id], abs=1e-6)
+
+
+def test_a_grammar_leaves_only_the_tokens_it_allows(model):
+    r = wb.complete(model, chat("Is the sky blue? Answer yes or no."), grammar='root ::= "yes" | "no"',
+                    logprobs=20)
+    assert r.reply in ("yes", "no") and r.logprobs is not None
+    first = r.logprobs[0]
+    assert 0 < len(first.top) < 20                       # tokens of probability 0 are not listed
+    assert all("yes".startswith(t.text) or "no".startswith(t.text) for t in first.top)
+    assert math.fsum(math.exp(t.logprob) for t in first.top) == pytest.approx(1.0, abs=1e-4)
+
+
+def test_logprobs_with_speculation_come_from_the_verify_rows(model):
+    plain = wb.complete(model, COPY, response_tokens=40, logprobs=2)
+    events = list(wb.stream(model, COPY, response_tokens=40, logprobs=2, speculative=EAGER))
+    spec = events[-1]
+    assert spec.stats.speculative["accepted"] > 0
+    drafted = [e for e in events if isinstance(e, TokenId) and e.draft]
+    assert drafted and all(e.logprob is not None and len(e.top_logprobs) == 2 for e in drafted)
+    n = next((i for i, (a, b) in enumerate(zip(plain.tokens, spec.tokens)) if a != b), len(plain.tokens))
+    assert n > 10
+    for a, b in zip(plain.logprobs[:n], spec.logprobs[:n]):
+        assert a.id == b.id and a.logprob == pytest.approx(b.logprob, abs=2e-2)
+
+
+def test_without_logprobs_nothing_is_computed(model):
+    events = list(wb.stream(model, PROMPT, response_tokens=4))
+    assert events[-1].logprobs is None
+    assert all(e.logprob is None for e in events if isinstance(e, (Token, TokenId)))
+    assert wb.complete(model, PROMPT, response_tokens=4, logprobs=0).logprobs[0].top == ()
+
+
+# --- min_tokens -------------------------------------------------------------------------------
+
+def test_min_tokens_prevents_the_empty_reply(model):
+    assert wb.complete(model, EMPTY_REPLY, response_tokens=16).tokens == ()
+    for extra in ({}, {"temperature": 0.7, "seed": 3}, {"logprobs": 1}):
+        r = wb.complete(model, EMPTY_REPLY, response_tokens=16, min_tokens=6, **extra)
+        assert len(r.tokens) >= 6 and r.reply.strip()
+    assert wb.complete(model, EMPTY_REPLY, response_tokens=5, min_tokens=50).finish_reason == "length"
+
+
+# --- penalties --------------------------------------------------------------------------------
+
+def distinct(model, **opts) -> int:
+    return len(collections.Counter(wb.complete(model, POEM, response_tokens=64, **opts).tokens))
+
+
+@pytest.mark.parametrize("option", ["frequency_penalty", "presence_penalty"])
+def test_a_penalty_varies_the_reply_and_a_negative_one_makes_it_loop(model, option):
+    plain = distinct(model)
+    assert distinct(model, **{option: 1.0}) > plain > distinct(model, **{option: -2.0})
+
+
+# --- logit_bias -------------------------------------------------------------------------------
+
+def test_a_banned_token_never_appears(model):
+    paris = wb.tokenize(model, " Paris", add_special=False)
+    assert len(paris) == 1
+    plain = wb.complete(model, PROMPT, response_tokens=16)
+    assert paris[0] in plain.tokens
+    for key in (" Paris", paris[0]):
+        r = wb.complete(model, PROMPT, response_tokens=16, logit_bias={key: float("-inf")})
+        assert paris[0] not in r.tokens and r.tokens != plain.tokens
+
+
+def test_a_large_positive_bias_makes_a_token_appear(model):
+    r = wb.complete(model, PROMPT, response_tokens=6, logit_bias={" banana": 30.0}, logprobs=1)
+    banana = wb.tokenize(model, " banana", add_special=False)[0]
+    assert r.tokens[0] == banana and "banana" in r.reply
+    assert r.logprobs[0].logprob > -0.01                  # the bias is in the logprobs too
+
+
+@pytest.mark.parametrize("bias, word", [
+    ({" the capital": 1.0}, "exactly one token"),
+    ({10**6: 1.0}, "token id of this model"),
+    ({" Paris": float("inf")}, "bias"),
+    ({" Paris": 101}, "bias"),
+    ({" Paris": -1.0, 7042: 1.0}, "each token once"),
+    ({1.5: 1.0}, "token id"),
+    ([(" Paris", 1.0)], "dict"),
+])
+def test_a_bad_logit_bias_is_named(model, bias, word):
+    with pytest.raises(InvalidOption, match="logit_bias") as e:
+        wb.complete(model, PROMPT, response_tokens=2, logit_bias=bias)
+    assert word in str(e.value)
+    assert wb.complete(model, PROMPT, response_tokens=2).finish_reason == "length"
+
+
+# --- grammar_root -----------------------------------------------------------------------------
+
+GRAMMAR = 'root ::= "no"\nanswer ::= "yes, " number\nnumber ::= [0-9]+'
+
+
+def test_grammar_root_picks_the_start_rule(model):
+    assert wb.complete(model, chat("Say something."), grammar=GRAMMAR).reply == "no"
+    r = wb.complete(model, chat("How many legs has a cat?"), grammar=GRAMMAR, grammar_root="answer",
+                    response_tokens=8)
+    assert r.reply.startswith("yes, ") and r.reply[5:].isdigit()
+
+
+@pytest.mark.parametrize("opts, word", [
+    ({"grammar": GRAMMAR, "grammar_root": "missing"}, "a rule the grammar defines"),
+    ({"grammar_root": "answer"}, "unless grammar is given"),
+    ({"grammar": GRAMMAR, "grammar_root": "not a name"}, "GBNF rule name"),
+])
+def test_a_bad_grammar_root_is_named(model, opts, word):
+    with pytest.raises(InvalidOption, match="grammar_root") as e:
+        wb.complete(model, PROMPT, response_tokens=2, **opts)
+    assert word in str(e.value)
+
+
+# --- option values ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("opts", [
+    {"logprobs": 21}, {"logprobs": -1}, {"logprobs": True}, {"min_tokens": -1}, {"min_tokens": 1.5},
+    {"frequency_penalty": 2.5}, {"presence_penalty": float("nan")}, {"frequency_penalty": "1"},
+])
+def test_bad_sampling_values_are_named(model, opts):
+    (key,) = opts
+    with pytest.raises(InvalidOption, match=key):
+        wb.complete(model, PROMPT, response_tokens=2, **opts)
+
+
+def test_a_misspelt_sampling_option_is_unknown(model):
+    with pytest.raises(UnknownOption, match="top_logprobs"):
+        wb.complete(model, PROMPT, response_tokens=2, top_logprobs=3)
