@@ -92,3 +92,58 @@ def test_metadata_that_makes_llama_cpp_abort(tmp_path, model_path, layers):
         assert wb.complete(ok, "Hi", response_tokens=1).tokens
     finally:
         wb.unload(ok)
+
+
+# --- placement, load mode and RoPE/YaRN options: refused before llama.cpp sees them ---------
+
+BAD_LOAD_OPTIONS = [
+    ({"split_mode": "bogus"}, "split_mode", "'none', 'layer', 'row'"),
+    ({"split_mode": 1}, "split_mode", "'none', 'layer', 'row'"),
+    ({"tensor_split": [1.0] * 17}, "tensor_split", "1 to 16"),
+    ({"tensor_split": []}, "tensor_split", "1 to 16"),
+    ({"tensor_split": [0, 0.0]}, "tensor_split", "not all zero"),
+    ({"tensor_split": [1, -0.5]}, "tensor_split[1]", ">= 0"),
+    ({"tensor_split": [float("nan")]}, "tensor_split[0]", "finite"),
+    ({"tensor_split": "3,1"}, "tensor_split", "a list"),
+    ({"main_gpu": 16}, "main_gpu", "[-1, 15]"),
+    ({"main_gpu": -2}, "main_gpu", "[-1, 15]"),
+    ({"main_gpu": True}, "main_gpu", "an integer"),
+    ({"load_mode": "fast"}, "load_mode", "'mmap+mlock'"),
+    ({"use_mlock": "yes"}, "use_mlock", "True or False"),
+    ({"use_mlock": True, "load_mode": "mmap"}, "use_mlock", "load_mode 'mmap'"),
+    ({"use_mmap": False, "load_mode": "mmap+mlock"}, "use_mmap", "load_mode 'mmap+mlock'"),
+    ({"offload_kqv": 1}, "offload_kqv", "True or False"),
+    ({"swa_full": None}, "swa_full", "True or False"),
+    ({"rope_scaling_type": "cubic"}, "rope_scaling_type", "'yarn'"),
+    ({"rope_freq_base": 0}, "rope_freq_base", "> 0"),
+    ({"rope_freq_base": float("inf")}, "rope_freq_base", "> 0"),
+    ({"rope_freq_scale": 0.0}, "rope_freq_scale", "[0.001, 1000.0]"),
+    ({"rope_freq_scale": float("nan")}, "rope_freq_scale", "[0.001, 1000.0]"),
+    ({"rope_freq_scale": "0.5"}, "rope_freq_scale", "[0.001, 1000.0]"),
+    ({"yarn_ext_factor": 2.0}, "yarn_ext_factor", "[0.0, 1.0]"),
+    ({"yarn_attn_factor": -1.0}, "yarn_attn_factor", "> 0"),
+    ({"yarn_beta_fast": 0}, "yarn_beta_fast", "> 0"),
+    ({"yarn_beta_slow": float("-inf")}, "yarn_beta_slow", "> 0"),
+    ({"yarn_orig_ctx": 0}, "yarn_orig_ctx", "[1, 4194304]"),
+    ({"yarn_orig_ctx": 2**40}, "yarn_orig_ctx", "[1, 4194304]"),
+    ({"chat_template_cache": 0}, "chat_template_cache", "[1, 1024]"),
+]
+
+
+@pytest.mark.parametrize("opts, key, expected", BAD_LOAD_OPTIONS, ids=[k for _, k, _ in BAD_LOAD_OPTIONS])
+def test_bad_placement_and_rope_options_are_refused(model_path, opts, key, expected):
+    """Each bad value is an InvalidOption naming the option, the value and what was expected;
+    nothing is loaded."""
+    before = wb.list_models()
+    with pytest.raises(InvalidOption) as e:
+        wb.load_model(model_path=str(model_path), **opts)
+    assert e.value.key == key
+    assert expected in str(e.value) and f"config {key!r}" in str(e.value)
+    assert wb.list_models() == before
+
+
+def test_a_misspelt_load_option_is_named():
+    with pytest.raises(UnknownOption, match="did you mean 'tensor_split'"):
+        wb.load_model(tensorsplit=[1.0])
+    with pytest.raises(UnknownOption, match="did you mean 'rope_freq_scale'"):
+        wb.load_model(rope_freq_scal=0.5)

@@ -120,3 +120,145 @@ def test_the_probe_tries_the_settings_asked_for(model_path, tmp_path, bad, stage
     kind, key, msg = json.loads(done.stdout.strip().splitlines()[-1])
     assert (kind, key) == ("InvalidOption", "config"), msg
     assert stage in msg and "SIGABRT" in msg and "GGML_ASSERT" in msg
+
+
+# --- placement, load mode, RoPE/YaRN: passed through to llama.cpp ------------------------------
+
+import workbench as wb  # noqa: E402
+from workbench.errors import InvalidOption  # noqa: E402
+from workbench.machine import gpu_devices  # noqa: E402
+
+PROMPT = "The old lighthouse keeper walked along the shore every morning, counting the boats, and"
+SMALL = {"n_ctx": 512, "n_seq_max": 1, "n_batch": 256}
+
+
+def _greedy(m, **opts):
+    return wb.complete(m, PROMPT, response_tokens=10, **opts).tokens
+
+
+@pytest.fixture(scope="module")
+def base():
+    """The default model's greedy reply to PROMPT with every option at its default."""
+    m = wb.load_model(cache=False, **SMALL)
+    try:
+        yield _greedy(m)
+    finally:
+        wb.unload(m)
+
+
+@pytest.fixture
+def load():
+    """load_model(**opts) with the default model in a small context; unloaded after the test."""
+    loaded = []
+
+    def make(**opts):
+        mid = wb.load_model(**{**SMALL, **opts})
+        loaded.append(mid)
+        return mid
+
+    yield make
+    for mid in loaded:
+        wb.unload(mid)
+
+
+def test_rope_freq_scale_changes_the_output_and_the_models_own_does_not(load, base):
+    assert _greedy(load(cache=False, rope_freq_scale=1.0)) == base      # SmolLM2's trained scale: same model
+    assert _greedy(load(cache=False, rope_freq_base=100000.0)) == base  # its trained base frequency
+    assert _greedy(load(cache=False, rope_freq_scale=0.25)) != base
+    assert _greedy(load(cache=False, rope_freq_base=500.0)) != base
+
+
+def test_yarn_scaling_changes_the_output(load, base):
+    yarn = _greedy(load(cache=False, rope_scaling_type="yarn", rope_freq_scale=0.5, yarn_orig_ctx=2048,
+                        yarn_ext_factor=1.0, yarn_attn_factor=1.0, yarn_beta_fast=32.0, yarn_beta_slow=1.0))
+    assert yarn != base and len(yarn) > 0
+
+
+def test_cached_rows_are_not_served_across_rope_settings(load):
+    """RoPE overrides rotate K: a row saved with the model's RoPE must not seed a model
+    loaded with another (warm would differ from cold), while a second plain instance hits."""
+    plain = load()
+    wb.complete(plain, PROMPT, response_tokens=4)
+    wb.wait_for_saves()
+    again = load()
+    wb.complete(again, PROMPT, response_tokens=4)
+    assert wb.last_cache_hit(again)["kind"] in ("exact", "partial")
+    scaled = load(rope_freq_scale=0.25)
+    warm = _greedy(scaled)
+    assert wb.last_cache_hit(scaled)["kind"] == "cold"
+    assert warm == _greedy(load(rope_freq_scale=0.25, cache=False))
+
+
+@pytest.mark.parametrize("opts", [{"use_mmap": False}, {"use_mlock": True}, {"use_mmap": False, "use_mlock": True},
+                                  {"load_mode": "none"}, {"load_mode": "mmap"}, {"load_mode": "mmap+mlock"},
+                                  {"load_mode": "auto"}, {"load_mode": "dio"}],
+                         ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()))
+def test_every_load_mode_loads_the_same_model(load, base, opts):
+    """However llama.cpp reads the file (mmap, read, mlock, direct I/O), the weights and so
+    the greedy reply are the same."""
+    assert _greedy(load(cache=False, **opts)) == base
+
+
+def test_context_and_placement_switches_are_accepted(load, base):
+    """swa_full, offload_kqv and the GPU placement options load and run here (a CPU build:
+    the placement options are ignored, as n_gpu_layers is)."""
+    cases = [{"swa_full": False}, {"offload_kqv": False}, {"split_mode": "none", "main_gpu": -1}]
+    if not gpu_devices():  # with GPUs, shares past them are refused (test_placement_beyond_...)
+        cases += [{"split_mode": "row", "tensor_split": [3, 1]}, {"split_mode": "layer", "tensor_split": [1.0] * 16}]
+    for opts in cases:
+        got = _greedy(load(cache=False, **opts))
+        # on a GPU, moving work to the CPU may round differently: there it only has to run
+        assert got == base if not gpu_devices() else len(got) > 0, opts
+
+
+@pytest.mark.skipif(not gpu_devices(), reason="needs a GPU device (this build or machine has none)")
+def test_placement_beyond_the_gpus_there_are_is_refused(model_path):
+    n = len(gpu_devices())
+    with pytest.raises(InvalidOption) as e:
+        wb.load_model(model_path=str(model_path), split_mode="none", main_gpu=n)
+    assert e.value.key == "main_gpu"
+    if n < 16:
+        with pytest.raises(InvalidOption) as e:
+            wb.load_model(model_path=str(model_path), tensor_split=[1.0] * (n + 1))
+        assert e.value.key == "tensor_split"
+
+
+# --- settings that were hard-coded: the chat template cache, the cache's writer pool ----------
+
+def test_chat_template_cache_keeps_as_many_templates_as_asked(load):
+    from workbench import registry
+
+    msgs = [{"role": "user", "content": "Hi"}]
+    templates = ["{% for m in messages %}{{ m.content }}{% endfor %}",
+                 "{% for m in messages %}[{{ m.role }}] {{ m.content }}{% endfor %}"]
+    for size, kept in ((1, 1), (8, 3)):
+        m = load(chat_template_cache=size)
+        for t in templates:
+            assert "Hi" in wb.render_chat_template(m, msgs, chat_template=t).prompt
+        wb.render_chat_template(m, msgs)  # the model's own
+        assert len(registry.get(m).attachment("chat_templates", dict).by_source) == kept
+
+
+def test_configure_cache_writer_pool(tmp_path):
+    """A writer queue of one drops the saves fired while one is being written (each counted);
+    the default queue of eight takes them all."""
+    from workbench.cache import CacheNamespace
+    from workbench.cache.shared import shared_cache
+
+    payload = bytes(16 << 20)
+    tiers = [{"kind": "disk", "root": str(tmp_path / "kv"), "budget_bytes": 1 << 30}]
+    try:
+        for queue, dropped in ((1, True), (8, False)):
+            wb.configure_cache(tiers, writer_workers=1, writer_queue=queue)
+            cache = shared_cache()
+            ns = CacheNamespace(f"{queue:064x}")
+            for i in range(4):
+                cache.put_async(ns, list(range(i * 100, i * 100 + 32)), payload)
+            assert wb.wait_for_saves(30)
+            assert (wb.cache_info()["counters"].get("saves_dropped", 0) > 0) is dropped
+        for bad in ({"writer_workers": 0}, {"writer_queue": 0}, {"writer_workers": True}, {"writer_queue": "8"}):
+            with pytest.raises(InvalidOption) as e:
+                wb.configure_cache(tiers, **bad)
+            assert e.value.key == next(iter(bad))
+    finally:
+        wb.configure_cache([{"kind": "ram"}])
