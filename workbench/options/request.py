@@ -111,6 +111,8 @@ class SpeculativeOptions:
     size_n: int = opt(12, as_int(1, 1024), "n-gram drafters: tokens of the key looked up (llama.cpp's default)")
     size_m: int = opt(48, as_int(1, 1024), "n-gram drafters: tokens of the m-gram drafted (llama.cpp's default)")
     min_hits: int = opt(1, as_int(1, 1024), "map_k / map_k4v: times a key must have been seen")
+    p_min: float = opt(0.0, as_float(0.0, 1.0), "draft model: a draft ends before a token the draft model "
+                                                "gives less than this probability (llama.cpp's draft-simple)")
 
 
 def _speculative(key: str, v: Any, where: str) -> Any:
@@ -122,6 +124,9 @@ def _speculative(key: str, v: Any, where: str) -> Any:
     spec = build(SpeculativeOptions, v, "speculative option")
     if (spec.ngram is None) == (spec.draft is None):
         raise InvalidOption(key, dict(v), "exactly one of 'ngram' (simple, map_k, map_k4v, cache) and 'draft'", where)
+    if spec.p_min > 0.0 and spec.draft is None:
+        raise InvalidOption("p_min", spec.p_min, "0 with 'ngram' (n-gram drafts have no probabilities)",
+                            "speculative option")
     if spec.n_min > spec.n_max:
         raise InvalidOption("n_min", spec.n_min, f"at most n_max ({spec.n_max})", "speculative option")
     return spec
