@@ -10,7 +10,7 @@ delegates to the public API, `views` and `widgets`; the %wb subcommands live in
     %wb cache | tiers | evict BYTES [--tier T] | pin KEY | unpin KEY   [--model ID | --cache VAR]
     %%generate [--model ID] [--max-tokens N] [--temperature T] [--top-k K] [--top-p P]
                [--seed S] [--stop STR ...] [--grammar FILE|VAR] [--json-schema VAR]
-               [--session S] [--ignore-eos] [--draft ID | --ngram KIND [--spec-n-max N]]
+               [--session S] [--ignore-eos] [--logprobs N] [--draft ID | --ngram KIND [--spec-n-max N]]
                [--no-stream] [--background] [--as VAR]
     %%chat     [the %%generate options] [--system TEXT] [--new] [--thinking]
                [--thinking-budget N] [--tools VAR|FILE] [--tool-choice auto|none|required|NAME]
@@ -53,6 +53,8 @@ _generation_args = [
     argument("--json-schema", metavar="VAR", help="JSON schema: a variable (dict or text), or a file"),
     argument("--session", metavar="S", help="sticky session id (keeps this conversation's KV live)"),
     argument("--ignore-eos", action="store_true", help="never stop at end-of-generation"),
+    argument("--logprobs", type=int, metavar="N",
+             help="each token's logprob and the N most likely (0-20); the live view colours by probability"),
     argument("--draft", metavar="ID", help="speculative decoding with this loaded draft model"),
     argument("--ngram", choices=["simple", "map_k", "map_k4v", "cache"],
              help="speculative decoding with n-gram drafts from the prompt and reply (no second model)"),
@@ -164,7 +166,7 @@ class WorkbenchMagics(Magics):
         ns = self.user_ns
         opts: dict[str, Any] = {}
         for arg, key in (("max_tokens", "response_tokens"), ("temperature", "temperature"), ("top_k", "top_k"),
-                         ("top_p", "top_p"), ("seed", "seed"), ("session", "session_id")):
+                         ("top_p", "top_p"), ("seed", "seed"), ("session", "session_id"), ("logprobs", "logprobs")):
             if getattr(args, arg) is not None:
                 opts[key] = getattr(args, arg)
         if args.stop:

@@ -63,11 +63,25 @@ def muted_html(text: str) -> str:
 DRAFT_COLOUR = "#d1e7dd"  # the background of reply text that came from accepted draft tokens
 
 
-def reply_html(text: str, *, error: bool = False, segments: list[tuple[str, bool]] | None = None) -> str:
+def prob_span(text: str, prob: float | None) -> str:
+    """A piece of reply text on a background as red as the piece was unlikely (logprobs=;
+    its probability in the tooltip); plain text when its probability is not known."""
+    if prob is None:
+        return html.escape(text)
+    return (f'<span class="wb-prob" title="p={prob:.3f}" style="background:rgba(220,53,69,{0.6 * (1 - prob):.2f})">'
+            f'{html.escape(text)}</span>')
+
+
+def reply_html(text: str, *, error: bool = False, segments: list[tuple[str, bool]] | None = None,
+               probs: list[tuple[str, float | None]] | None = None) -> str:
     """The reply in a <pre>; with `segments` ((text, drafted) pairs that join to `text`),
-    text from accepted draft tokens (speculative decoding) on a green background."""
+    text from accepted draft tokens (speculative decoding) on a green background; with
+    `probs` ((text, probability) pairs that join to `text`), each piece coloured by its
+    probability instead."""
     border = STATE_COLOURS["error"] if error else "#dee2e6"
-    if segments and "".join(t for t, _ in segments) == text:
+    if probs and "".join(t for t, _ in probs) == text:
+        body = "".join(prob_span(t, p) for t, p in probs)
+    elif segments and "".join(t for t, _ in segments) == text:
         body = "".join(f'<span class="wb-draft" style="background:{DRAFT_COLOUR}">{html.escape(t)}</span>'
                        if drafted else html.escape(t) for t, drafted in segments)
     else:

@@ -16,6 +16,7 @@ Result.
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -73,12 +74,15 @@ class Transcript:
         self.info: dict[str, Any] = {}  # the newest request_info while it runs
         self.segments: list[tuple[str, bool]] = []  # the streamed text: (piece, from accepted drafts)
         self._drafted = False  # whether the newest TokenId was an accepted draft token
+        self.probs: list[tuple[str, float | None]] = []  # logprobs=: (piece, its probability)
 
     def apply(self, ev: Any) -> str | None:
         """Take one event; return what it was ('token', 'thinking', 'done', 'error') or None."""
         if isinstance(ev, Token):
             self.text += ev.text
             self._add_segment(ev.text)
+            if ev.logprob is not None or self.probs:
+                self.probs.append((ev.text, None if ev.logprob is None else math.exp(ev.logprob)))
             return "token"
         if isinstance(ev, TokenId):
             self._drafted = bool(getattr(ev, "draft", False))
@@ -114,6 +118,11 @@ class Transcript:
         if not any(drafted for _, drafted in self.segments):
             return None
         return self.segments if "".join(t for t, _ in self.segments) == self.text else None
+
+    def prob_segments(self) -> list[tuple[str, float | None]] | None:
+        """The reply as (text, probability) pieces (a request with logprobs=), when the
+        pieces still spell the reply (a chat turn's parsed content may not)."""
+        return self.probs if self.probs and "".join(t for t, _ in self.probs) == self.text else None
 
     def observe(self, info: dict[str, Any]) -> None:
         """Take a request_info snapshot: the hit kind once admission knows it, progress."""

@@ -8,6 +8,7 @@ The cache views take a model id (its engine's `workbench.cache.TieredCache`, thr
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -328,3 +329,27 @@ def speculative_speedup(runs: Mapping[str, Iterable[Any] | Mapping[str, Iterable
                          "speedup": tps / plain_tps if plain_tps else None,
                          "acceptance": int(f["accepted"].sum()) / drafted if drafted else None})
     return _frame(rows, _SPEEDUP_DTYPES, ["prompt", "setting"])
+
+
+# --- generated tokens and their log-probabilities ----------------------------------------------
+
+_TOKEN_DTYPES = {"position": "int64", "id": "int64", "text": "string", "logprob": "float64", "prob": "float64",
+                 "rank": "Int64", "alternatives": "object"}
+
+
+def tokens(result: Any) -> pd.DataFrame:
+    """One row per generated token of a result of a request made with ``logprobs=N``
+    (a CompletionResult, ChatResult or notebook Result), indexed by `position` in the reply:
+    its `id`, `text`, `logprob` and `prob` (= exp(logprob)), its `rank` among the N most
+    likely tokens there (1 = the most likely; NA when not among them, or N = 0), and those
+    `alternatives` as a list of (text, prob), most likely first."""
+    logprobs = getattr(result, "logprobs", None)
+    if logprobs is None:
+        raise InvalidOption("result", type(result).__name__, "the result of a request made with logprobs=N")
+    rows = []
+    for i, lp in enumerate(logprobs):
+        ranks = [k for k, t in enumerate(lp.top, 1) if t.id == lp.id]
+        rows.append({"position": i, "id": lp.id, "text": lp.text, "logprob": lp.logprob,
+                     "prob": math.exp(lp.logprob), "rank": ranks[0] if ranks else None,
+                     "alternatives": [(t.text, math.exp(t.logprob)) for t in lp.top]})
+    return _frame(rows, _TOKEN_DTYPES, "position")

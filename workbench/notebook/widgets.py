@@ -219,7 +219,8 @@ class GenerationWidget:
 
     def _render_text(self) -> None:
         t = self.transcript
-        self.reply.value = reply_html(t.text, error=t.state == "error", segments=t.marked_segments())
+        self.reply.value = reply_html(t.text, error=t.state == "error", segments=t.marked_segments(),
+                                      probs=t.prob_segments())
         if t.state == "running":
             self.stats.value = muted_html(t.status_line())
 
