@@ -18,6 +18,8 @@ from .engine.engine import Engine
 from .engine.events import CompletionResult
 from .engine.stream import Stream
 from .engine.tokens import tokenize_within
+from . import generation
+from .generation import collect, draft_engine, prompt_tokens, request_stream, token_list
 from . import _native
 from .errors import (EmptyPrompt, InvalidOption, ModelFileError, UnknownOption,
                      UnknownRequest)
@@ -28,6 +30,7 @@ from .options import (LoadConfig, RequestOptions, build, check_bool, check_int, 
 from . import chat as _chat
 from . import embed as _embed
 from .chat import ChatResult, ChatStream, RenderedChat
+from .chat.thinking import ThinkingStream
 
 # --- models ------------------------------------------------------------------------------
 
@@ -89,66 +92,10 @@ def detokenize(model: str, tokens: Sequence[int], remove_special: bool = False,
     return eng.model.detokenize(ids, remove_special, unparse_special).decode("utf-8", "replace")
 
 
-def token_list(eng: Engine, tokens: Any, key: str) -> list[int]:
-    if isinstance(tokens, (str, bytes)) or not isinstance(tokens, Sequence):
-        raise InvalidOption(key, tokens, "a list of token ids")
-    n_vocab = eng.model.n_vocab
-    out = list(tokens)
-    for t in out:
-        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < n_vocab:
-            raise InvalidOption(key, t, f"token ids in [0, {n_vocab})")
-    return out
+# --- generation (generation.py: stream, complete, collect and the prompt rules) ---------------
 
-
-def _prompt_tokens(eng: Engine, prompt: Any, opts: RequestOptions) -> list[int]:
-    if isinstance(prompt, str):
-        if not prompt:
-            raise EmptyPrompt()
-        tokens = tokenize_within(eng.model, prompt, opts.add_special, opts.parse_special, eng.ctx.n_ctx, "n_ctx")
-    elif isinstance(prompt, Sequence) and not isinstance(prompt, bytes):
-        tokens = token_list(eng, prompt, "prompt")
-    else:
-        raise InvalidOption("prompt", prompt, "a string or a list of token ids")
-    if not tokens:
-        raise EmptyPrompt()
-    return tokens
-
-
-# --- generation --------------------------------------------------------------------------
-
-def stream(model: str, prompt: str | Sequence[int], **opts: Any) -> Stream:
-    """Start a request; iterate the returned Stream (or ``async for``) for typed events."""
-    eng = registry.get(model)
-    ropts = build(RequestOptions, opts)
-    tokens = _prompt_tokens(eng, prompt, ropts)
-    return Stream(eng, eng.submit(tokens, ropts, draft=_draft_engine(ropts)))
-
-
-def _draft_engine(opts: RequestOptions) -> Engine | None:
-    """The loaded model ``speculative={'draft': id}`` names (NotLoaded if it is not)."""
-    spec = opts.speculative
-    return registry.get(spec.draft) if spec is not None and spec.draft is not None else None
-
-
-def complete(model: str, prompt: str | Sequence[int], **opts: Any) -> CompletionResult:
-    """Generate a reply and return it with its tokens, finish reason and stats.
-
-    Ctrl-C (a notebook's Interrupt) cancels the request before re-raising.
-    """
-    return collect(stream(model, prompt, **opts))
-
-
-def collect(s: Stream) -> CompletionResult:
-    try:
-        # wait for the end without waking per token (each wake-up costs the loop thread
-        # GIL hand-offs on the decode path); the events are all queued by then
-        while not s.wait(0.25):
-            pass
-    except KeyboardInterrupt:
-        s.cancel()
-        raise
-    return s.result()
-
+stream = generation.stream
+complete = generation.complete
 
 def continue_session(model: str, session_id: str | int, tokens: Sequence[int], *,
                      expect_committed: Sequence[int] | None = None, stream: bool = False,
@@ -168,7 +115,7 @@ def continue_session(model: str, session_id: str | int, tokens: Sequence[int], *
         raise EmptyPrompt()
     committed = None if expect_committed is None else token_list(eng, expect_committed, "expect_committed")
     s = Stream(eng, eng.submit(new, ropts, continue_session=True, expect_committed=committed,
-                               draft=_draft_engine(ropts)))
+                               draft=draft_engine(ropts)))
     return s if stream else collect(s)
 
 
@@ -213,7 +160,7 @@ def prefill_only(model: str, prompt: str | Sequence[int], **opts: Any) -> Comple
         raise UnknownOption("response_tokens", [n for n in option_names(RequestOptions) if n != "response_tokens"])
     eng = registry.get(model)
     ropts = build(RequestOptions, opts, response_tokens=0)
-    req = eng.submit(_prompt_tokens(eng, prompt, ropts), ropts, sync_saves=True)
+    req = eng.submit(prompt_tokens(eng, prompt, ropts), ropts, sync_saves=True)
     return collect(Stream(eng, req))
 
 
@@ -224,7 +171,7 @@ def cached_prefix_len(model: str, prompt: str | Sequence[int], cache_scope: str 
     opts = build(RequestOptions, {"cache_scope": cache_scope}, "argument")
     if eng.kvcache is None:
         return 0
-    tokens = _prompt_tokens(eng, prompt, opts)
+    tokens = prompt_tokens(eng, prompt, opts)
     return eng.kvcache.cached_prefix_len(tokens, cache_scope)
 
 
@@ -299,9 +246,10 @@ def _scale(scale: Any) -> float:
     return check_number("scale", scale)
 
 
-def cancel(ref: Stream | int) -> None:
-    """Cancel a request by its Stream or ref. Idempotent; a finished request is left as is."""
-    if isinstance(ref, Stream):
+def cancel(ref: Stream | ThinkingStream | int) -> None:
+    """Cancel a request by its Stream (a chat or thinking one too) or ref. Idempotent; a
+    finished request is left as is."""
+    if isinstance(ref, (Stream, ThinkingStream)):
         ref.cancel()
         return
     if isinstance(ref, bool) or not isinstance(ref, int):
@@ -391,7 +339,7 @@ def chat_stream(model: str, messages: Sequence[Mapping[str, Any]],
     when thinking='enabled'), ending with a ChatDone (a Done) carrying the parsed message."""
     eng = registry.get(model)
     p = _chat.plan(eng, messages, tools, tool_choice, opts)
-    return ChatStream(stream(model, p.rendered.tokens, **p.request_opts), p)
+    return ChatStream(request_stream(eng, p.rendered.tokens, p.request_opts), p)
 
 
 def chat(model: str, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None,

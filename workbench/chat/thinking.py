@@ -32,9 +32,11 @@ import hashlib
 import hmac
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from ..engine.events import Done, Event, Thinking, ThinkingEnd, Token, TokenId
 from ..engine.stream import EventEnds, Stream
+from ..errors import InvalidOption
 
 _BEFORE, _THINKING, _CUT, _AFTER = "before", "thinking", "cut", "after"
 
@@ -50,6 +52,35 @@ def thinking_signature(key: bytes | None, text: str) -> str:
 class ThinkingMarkers:
     start: str
     end: str
+
+
+def set_budget(request_opts: dict[str, Any], markers: ThinkingMarkers, tokens: int, inside: bool) -> None:
+    """Set the ``reasoning_budget`` request option that closes a block of ``markers`` after
+    ``tokens`` tokens, so the model itself stops thinking: llama.cpp's budget sampler forces
+    the end marker into the reply (and the KV). ``inside``: the prompt already opened the
+    block (start '' = from the first token). A reasoning_budget of the caller's is refused."""
+    if request_opts.get("reasoning_budget") is not None:
+        raise InvalidOption("reasoning_budget", request_opts["reasoning_budget"],
+                            "None with thinking_budget_tokens (which sets it from the thinking markers)")
+    request_opts["reasoning_budget"] = {"tokens": tokens, "start": "" if inside else markers.start, "end": markers.end}
+
+
+def special_markers(native_model: Any, markers: tuple[str, ...]) -> tuple[str, ...]:
+    """The markers that are one special (control) token of this model (rendered as '' unless shown)."""
+    out = []
+    for s in markers:
+        ids = native_model.tokenize(s, False, True) if s else []
+        if len(ids) == 1 and native_model.token_to_piece(ids[0], False) != native_model.token_to_piece(ids[0], True):
+            out.append(s)
+    return tuple(out)
+
+
+def show_specials(request_opts: dict[str, Any], shown: tuple[str, ...]) -> None:
+    """Add ``shown`` to the request's ``render_special`` (as llama.cpp's server shows preserved
+    tokens): the splitter and the parser need the markers' text, which control tokens
+    otherwise render as ''."""
+    if shown and request_opts.get("render_special") is not True:
+        request_opts["render_special"] = tuple(dict.fromkeys((*(request_opts.get("render_special") or ()), *shown)))
 
 
 def _partial_suffix(text: str, marker: str) -> int:

@@ -14,7 +14,8 @@ from typing import Any
 from .. import _native
 from ..engine.events import CompletionResult, Done, Error
 from ..engine.stream import Stream
-from .thinking import ThinkingMarkers, ThinkingSplitter, ThinkingStream
+from .thinking import (ThinkingMarkers, ThinkingSplitter, ThinkingStream, set_budget, show_specials,
+                       special_markers)
 from ..errors import InvalidOption
 from ..options import ChatOptions, RequestOptions, build
 from .messages import split_options
@@ -111,18 +112,9 @@ def plan(engine: Any, messages: Any, tools: Any, tool_choice: Any, opts: Mapping
     cfg = engine.cfg
     markers, from_template, inside = _thinking_markers(cfg, rendered, copts)
     if markers is not None and copts.thinking_budget_tokens is not None:
-        if ropts.get("reasoning_budget") is not None:
-            raise InvalidOption("reasoning_budget", ropts["reasoning_budget"],
-                                "None with thinking_budget_tokens (which sets it from the thinking markers)")
-        # the model itself stops thinking: the end marker is forced into its reply (and KV)
-        ropts["reasoning_budget"] = {"tokens": copts.thinking_budget_tokens,
-                                     "start": "" if inside else markers.start, "end": markers.end}
-    shown = _special_markers(engine.model, (*rendered.preserved_tokens,
-                                            *((markers.start, markers.end) if markers else ())))
-    if shown and ropts.get("render_special") is not True:
-        # as llama.cpp's server shows preserved tokens: the parser and the thinking
-        # splitter need the markers' text, which control tokens otherwise render as ''
-        ropts["render_special"] = tuple(dict.fromkeys((*(ropts.get("render_special") or ()), *shown)))
+        set_budget(ropts, markers, copts.thinking_budget_tokens, inside)
+    show_specials(ropts, special_markers(engine.model, (*rendered.preserved_tokens,
+                                                        *((markers.start, markers.end) if markers else ()))))
     return ChatPlan(rendered=rendered, request_opts=ropts, markers=markers, markers_from_template=from_template,
                     inside_thinking=inside, budget=copts.thinking_budget_tokens,
                     signing_key=getattr(cfg, "thinking_signing_key", None))
@@ -173,16 +165,6 @@ def _thinking_markers(cfg: Any, rendered: RenderedChat,
     from_template = rendered.supports_thinking and markers == template
     inside = bool(markers.start) and rendered.prompt.rstrip().endswith(markers.start)
     return markers, from_template, inside
-
-
-def _special_markers(native_model: Any, markers: tuple[str, ...]) -> tuple[str, ...]:
-    """The markers that are one special (control) token of this model."""
-    out = []
-    for s in markers:
-        ids = native_model.tokenize(s, False, True) if s else []
-        if len(ids) == 1 and native_model.token_to_piece(ids[0], False) != native_model.token_to_piece(ids[0], True):
-            out.append(s)
-    return tuple(out)
 
 
 class ChatStream(ThinkingStream):

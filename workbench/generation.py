@@ -1,0 +1,98 @@
+"""The generation calls of the facade: stream() and complete(), and the prompt rules they
+share with the other calls that take a prompt (continue_session, prefill_only, ...).
+
+``thinking=True`` (ThinkingOptions, chat/raw_thinking.py) wraps the request's Stream so the
+reply's reasoning block comes as Thinking / ThinkingEnd events; the engine sees an
+ordinary request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from . import registry
+from .chat import raw_thinking
+from .chat.raw_thinking import ThinkingResultStream
+from .engine.engine import Engine
+from .engine.events import CompletionResult
+from .engine.stream import Stream
+from .engine.tokens import tokenize_within
+from .errors import EmptyPrompt, InvalidOption
+from .options import RequestOptions, build
+
+
+def token_list(eng: Engine, tokens: Any, key: str) -> list[int]:
+    """``tokens`` as a list of this model's token ids, else InvalidOption naming ``key``."""
+    if isinstance(tokens, (str, bytes)) or not isinstance(tokens, Sequence):
+        raise InvalidOption(key, tokens, "a list of token ids")
+    n_vocab = eng.model.n_vocab
+    out = list(tokens)
+    for t in out:
+        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < n_vocab:
+            raise InvalidOption(key, t, f"token ids in [0, {n_vocab})")
+    return out
+
+
+def prompt_tokens(eng: Engine, prompt: Any, opts: RequestOptions) -> list[int]:
+    """A prompt (text, tokenised within n_ctx, or token ids) as a non-empty token list."""
+    if isinstance(prompt, str):
+        if not prompt:
+            raise EmptyPrompt()
+        tokens = tokenize_within(eng.model, prompt, opts.add_special, opts.parse_special, eng.ctx.n_ctx, "n_ctx")
+    elif isinstance(prompt, Sequence) and not isinstance(prompt, bytes):
+        tokens = token_list(eng, prompt, "prompt")
+    else:
+        raise InvalidOption("prompt", prompt, "a string or a list of token ids")
+    if not tokens:
+        raise EmptyPrompt()
+    return tokens
+
+
+def draft_engine(opts: RequestOptions) -> Engine | None:
+    """The loaded model ``speculative={'draft': id}`` names (NotLoaded if it is not)."""
+    spec = opts.speculative
+    return registry.get(spec.draft) if spec is not None and spec.draft is not None else None
+
+
+def stream(model: str, prompt: str | Sequence[int], **opts: Any) -> Stream | ThinkingResultStream:
+    """Start a request; iterate the returned Stream (or ``async for``) for typed events.
+    With ``thinking=True`` the reasoning block comes as Thinking / ThinkingEnd events."""
+    eng = registry.get(model)
+    topts, request_opts = raw_thinking.split_options(opts)
+    if not topts.thinking:
+        raw_thinking.plan(eng, [], topts, request_opts)   # refuses thinking options without thinking
+        return request_stream(eng, prompt, request_opts)
+    tokens = prompt_tokens(eng, prompt, build(RequestOptions, request_opts))
+    plan = raw_thinking.plan(eng, tokens, topts, request_opts)
+    assert plan is not None
+    return ThinkingResultStream(request_stream(eng, tokens, request_opts), plan)
+
+
+def request_stream(eng: Engine, prompt: Any, request_opts: Mapping[str, Any]) -> Stream:
+    """Validate the request options and the prompt, and submit the request."""
+    ropts = build(RequestOptions, request_opts)
+    tokens = prompt_tokens(eng, prompt, ropts)
+    return Stream(eng, eng.submit(tokens, ropts, draft=draft_engine(ropts)))
+
+
+def complete(model: str, prompt: str | Sequence[int], **opts: Any) -> CompletionResult:
+    """Generate a reply and return it with its tokens, finish reason and stats (a
+    ThinkingResult with ``thinking=True``).
+
+    Ctrl-C (a notebook's Interrupt) cancels the request before re-raising.
+    """
+    return collect(stream(model, prompt, **opts))
+
+
+def collect(s: Stream | ThinkingResultStream) -> CompletionResult:
+    """Wait for a stream's end and return its result (raises the request's error)."""
+    try:
+        # wait for the end without waking per token (each wake-up costs the loop thread
+        # GIL hand-offs on the decode path); the events are all queued by then
+        while not s.wait(0.25):
+            pass
+    except KeyboardInterrupt:
+        s.cancel()
+        raise
+    return s.result()
