@@ -11,6 +11,11 @@ unpack into llama.cpp) and the rest is the first decode and sampling. Also repor
 stored per cached token against the raw f16 KV size (storage amplification).
 
     python bench/bench_cache.py [--sizes 512,2048,4096] [--json out.json]
+    python bench/bench_cache.py --chat [--turns 4] [--chunk-sizes 256,64,16]
+
+--chat: a multi-turn chat on the engine's row cache (a disk tier), then the same rows stored
+as manifests over KV chunks (workbench.cache.chunk_store, cut by engine/kv_chunks): stored
+bytes of each against the raw KV of the distinct tokens of all rows (issue 14).
 """
 
 from __future__ import annotations
@@ -45,13 +50,111 @@ def warm(model: str, prompt: list[int]) -> dict[str, float]:
     return {"ttft_ms": ttft, **{f"{k}_ms": v for k, v in parts.items()}}
 
 
+CHAT_TURNS = [
+    "I am planning a two-week trip through the north of Italy in late spring, starting in Milan "
+    "and ending in Venice. I like old towns, small museums, long walks and local food, and I do "
+    "not want to rent a car. Which towns would you put on the route, in which order, and how "
+    "many nights would you spend in each? Please explain the trains between them as well.",
+    "That sounds good. Could you now write a day-by-day plan for the first week only, with one "
+    "museum or church and one walk each day, and say which days are best for a market? Also "
+    "tell me which regional dishes I should try in each town and when restaurants open there.",
+    "Thank you. For the second week, I would rather spend more time near the lakes than in the "
+    "cities. Rework the plan so that I stay three nights on Lake Como and two on Lake Garda, "
+    "keep Venice at the end, and list the ferries and trains I would take between the places.",
+    "Last question: write a short packing list for this trip, a rough daily budget for food, "
+    "trains, museums and rooms in mid-range hotels, and three phrases in Italian that would be "
+    "useful in restaurants and at train stations, with how to pronounce them.",
+    "One more thing: which two towns on the route would you skip if I had only ten days?",
+    "And if it rains for three days, which indoor places would you suggest on the way?",
+]
+
+
+def distinct_tokens(rows: list[list[int]]) -> int:
+    """Positions of the trie of all rows: the tokens whose KV is distinct."""
+    trie: dict = {}
+    n = 0
+    for toks in rows:
+        node = trie
+        for t in toks:
+            if t not in node:
+                node[t] = {}
+                n += 1
+            node = node[t]
+    return n
+
+
+def chat_scenario(args: argparse.Namespace) -> dict:
+    """Stored bytes vs the raw KV of the distinct tokens, whole rows and chunked."""
+    from workbench import _native
+    from workbench.cache.chunk_store import ChunkStore
+    from workbench.cache.format import read_row
+    from workbench.cache.keys import chunk_keys, tokens_from_bytes
+    from workbench.engine import kv_chunks
+
+    root = Path(tempfile.mkdtemp(prefix="wb-bench-chat-"))
+    wb.configure_cache([{"kind": "disk", "root": str(root / "rows"), "budget_bytes": 8 * 2**30}])
+    model = wb.load_model(n_threads=args.threads, n_ctx=8192, n_seq_max=1, flash_attn=args.flash_attn)
+    out: dict = {}
+    try:
+        messages: list[dict] = []
+        for text in CHAT_TURNS[:args.turns]:
+            messages.append({"role": "user", "content": text})
+            r = wb.chat(model, messages, response_tokens=args.reply_tokens, temperature=0.0)
+            messages.append({"role": "assistant", "content": r.content})
+        wb.wait_for_saves()
+        files = sorted((root / "rows").glob("*.kv"))
+        rows = [read_row(f) for f in files]
+        toks = [tokens_from_bytes(r.meta.tokens) for r in rows]
+        n_distinct = distinct_tokens(toks)
+        raw = n_distinct * KV_BYTES_PER_TOKEN
+        row_bytes = sum(f.stat().st_size for f in files)
+        out = {"rows": len(rows), "tokens": [len(t) for t in toks], "distinct_tokens": n_distinct,
+               "raw_kv_bytes": raw, "row_bytes": row_bytes, "row_x": row_bytes / raw, "chunked": {}}
+        m = _native.Model(wb.model_info(model)["path"], 0, True, False)
+        ctx = _native.Context(m, {"n_ctx": 8192, "n_seq_max": 1, "n_threads": args.threads})
+        for cs in (int(c) for c in args.chunk_sizes.split(",")):
+            store = ChunkStore(root / f"chunks-{cs}", chunk_size=cs)
+            exact = 0
+            for r in rows:
+                ks = chunk_keys(r.meta.namespace, r.meta.tokens, cs)
+                first = store.missing(r.meta.namespace, r.meta.tokens)
+                pieces = kv_chunks.cut_state(ctx, r.payload, ks, cs, first)
+                store.put_row(r.meta.namespace, r.meta.fingerprint, r.meta.tokens, pieces, r.meta.reason)
+                _, back = store.read_row(r.meta.key)
+                exact += kv_chunks.join(ctx, back, ks) == r.payload
+            out["chunked"][cs] = {"bytes": store.used, "x": store.used / raw, "chunks": len(store.chunks),
+                                  "joins_equal_to_rows": exact}
+        ctx.close()
+        m.close()
+    finally:
+        wb.unload(model)
+        wb.configure_cache([{"kind": "ram"}])
+        shutil.rmtree(root, ignore_errors=True)
+    print(f"{out['rows']} rows of {out['tokens']} tokens, {out['distinct_tokens']} distinct tokens, "
+          f"raw KV {out['raw_kv_bytes'] / 1e6:.1f} MB")
+    print(f"whole rows: {out['row_bytes'] / 1e6:.1f} MB = {out['row_x']:.2f}x the raw KV")
+    for cs, c in out["chunked"].items():
+        print(f"chunks of {cs:>4}: {c['bytes'] / 1e6:.1f} MB = {c['x']:.2f}x ({c['chunks']} chunks; "
+              f"{c['joins_equal_to_rows']} of {out['rows']} joins equal to the row's state)")
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--chat", action="store_true", help="the multi-turn chat storage scenario")
+    ap.add_argument("--turns", type=int, default=4)
+    ap.add_argument("--reply-tokens", type=int, default=160)
+    ap.add_argument("--chunk-sizes", default="256,64,16")
     ap.add_argument("--sizes", default="512,2048,4096")
     ap.add_argument("--threads", type=int, default=default_threads())
     ap.add_argument("--flash-attn", default="auto", choices=("auto", "on", "off"))
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
+    if args.chat:
+        res = chat_scenario(args)
+        if args.json:
+            args.json.write_text(json.dumps(res, indent=2))
+        return 0
     sizes = [int(s) for s in args.sizes.split(",")]
     root = Path(tempfile.mkdtemp(prefix="wb-bench-cache-"))
     shm_root = Path("/dev/shm") / root.name

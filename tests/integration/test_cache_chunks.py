@@ -165,3 +165,40 @@ def test_cut_refuses_wrong_keys_and_foreign_bytes(cut_pair):
             kv_chunks.cut(ctx, 1, [], CHUNK)  # an empty sequence
     finally:
         ctx.seq_rm(0, -1, -1)
+
+
+def test_engine_rows_of_a_chat_stored_as_chunks_share_their_prefix(model, model_path, tmp_path):
+    """The rows a real two-turn chat leaves on a disk tier, stored as manifests over chunks:
+    every row reads back and joins to exactly its row's state, and the chunks take less than
+    the rows because the turns share their prefix."""
+    import workbench as wb
+    from workbench.cache.chunk_store import ChunkStore
+    from workbench.cache.format import read_row
+
+    wb.configure_cache([{"kind": "disk", "root": str(tmp_path / "rows"), "budget_bytes": 2**30}])
+    mid = wb.load_model(model_path=str(model_path), n_ctx=2048, n_seq_max=1, n_threads=2)
+    try:
+        messages = [{"role": "user", "content": "Name three rivers of Europe and one fact about each. " * 8}]
+        for follow_up in ("Which of them is the longest?", "And which one flows through Vienna?"):
+            r = wb.chat(mid, messages, response_tokens=24)
+            messages += [{"role": "assistant", "content": r.content}, {"role": "user", "content": follow_up}]
+        assert wb.wait_for_saves()
+        files = sorted((tmp_path / "rows").glob("*.kv"))
+        rows = [read_row(f) for f in files]
+        assert len(rows) >= 3
+        ctx = make_ctx(model, "auto")
+        store = ChunkStore(tmp_path / "chunks", chunk_size=64)
+        for row in rows:
+            ks = chunk_keys(row.meta.namespace, row.meta.tokens, 64)
+            first = store.missing(row.meta.namespace, row.meta.tokens)
+            pieces = kv_chunks.cut_state(ctx, row.payload, ks, 64, first)
+            store.put_row(row.meta.namespace, row.meta.fingerprint, row.meta.tokens, pieces, row.meta.reason)
+        for row in rows:
+            _, back = store.read_row(row.meta.key)
+            assert kv_chunks.join(ctx, back, chunk_keys(row.meta.namespace, row.meta.tokens, 64)) == row.payload
+        assert store.counters.get("chunks_shared") > 0
+        assert store.used < 0.8 * sum(f.stat().st_size for f in files)
+        ctx.close()
+    finally:
+        wb.unload(mid)
+        wb.configure_cache([{"kind": "ram"}])
