@@ -86,7 +86,7 @@ class Admission:
         req.admitted_at = time.perf_counter()
         req.phase = "prefilling"
         self._counters[req.hit_kind.counter] += 1
-        self.last_hit = {"ref": req.ref, "kind": req.hit_kind.value, "reused_tokens": reuse,
+        self.last_hit = {"ref": req.ref, "kind": req.hit_kind.value, "reused_tokens": reuse, "prefix_len": reuse,
                          "prompt_tokens": len(req.prompt), "session_id": req.opts.session_id}
 
     def _reuse(self, req: Request, use_cache: bool) -> int:

@@ -157,6 +157,11 @@ class CompletionResult:
     finish_key: str | None = None
     logprobs: tuple[TokenLogprob, ...] | None = None  # one per token of ``tokens`` (logprobs=)
 
+    @property
+    def committed_tokens(self) -> int:
+        """len(context_tokens): the prompt and the reply together (erllama's committed_tokens)."""
+        return len(self.context_tokens)
+
     @classmethod
     def from_done(cls, done: Done, model: str, ref: int) -> CompletionResult:
         return cls(done.reply, done.tokens, done.context_tokens, done.finish_reason,
