@@ -16,7 +16,7 @@ import string
 
 from hypothesis import strategies as st
 
-from workbench.options import ChatOptions, LoadConfig, RequestOptions, option_names
+from workbench.options import ChatOptions, LoadConfig, RequestOptions, ThinkingOptions, option_names
 
 _KNOWN = os.environ.get("WORKBENCH_FUZZ_KNOWN", "").strip()
 
@@ -135,8 +135,15 @@ REQUEST_VALID: dict[str, st.SearchStrategy] = {
         optional={"n_max": small_pos, "n_min": small_pos, "size_n": small_pos, "size_m": small_pos,
                   "min_hits": small_pos, "adaptive": st.one_of(st.booleans(), st.just("yes"))}),
         st.sampled_from([{}, {"draft": "no-such-model"}, {"ngram": "simple", "draft": "x"}, "simple", 3])),
+    "timeout_s": st.one_of(st.none(), st.floats(1e-4, 5), st.sampled_from([0, -1, 1e308] + WEIRD_FLOATS)),
+    "token_timeout_s": st.one_of(st.none(), st.floats(1e-4, 5), st.sampled_from([0, -1, 1e308] + WEIRD_FLOATS)),
+    # stream() / complete() only (ThinkingOptions): elsewhere they are unknown options
+    "thinking": st.one_of(st.booleans(), st.sampled_from(["enabled", "disabled", "on"])),
+    "thinking_budget_tokens": st.one_of(st.none(), small_pos),
+    "thinking_markers": st.one_of(st.none(), st.fixed_dictionaries({"start": text, "end": text}),
+                                  st.sampled_from([{"start": "The", "end": "."}, {"end": "x"}, "<think>"])),
 }
-request_opts = option_map(option_names(RequestOptions), REQUEST_VALID)
+request_opts = option_map(option_names(RequestOptions) + option_names(ThinkingOptions), REQUEST_VALID)
 
 CHAT_VALID: dict[str, st.SearchStrategy] = {
     "tool_choice": st.one_of(st.sampled_from(["auto", "none", "required", None]),
