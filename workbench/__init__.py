@@ -15,6 +15,7 @@ from .engine.events import CompletionResult, Done, Error, Stats, Token, TokenId
 from .api import chat, chat_stream, embed, embed_batch, render_chat_template
 from .chat import ChatDone, ChatResult, ChatStream, RenderedChat
 from .engine.events import Thinking, ThinkingEnd
+from .chat.raw_thinking import ThinkingResult
 from .api import (cached_prefix_len, evict, list_adapters, load_adapter, prefill_only, set_adapter_scale, shutdown,
                   unload_adapter)
 from .cache_admin import (add_tier, cache_info, cache_rows, configure_cache, evict_bytes, list_tiers, pin_row,
@@ -34,7 +35,8 @@ __all__ = [
     "end_session", "fetch_default_model", "last_cache_hit", "list_models", "load_model", "model_info",
     "pending_len", "phase", "queue_depth", "request_info", "requests", "reset_session", "sessions",
     "stream", "tokenize", "unload",
-    "ChatDone", "ChatResult", "ChatStream", "RenderedChat", "Thinking", "ThinkingEnd", "chat", "chat_stream",
+    "ChatDone", "ChatResult", "ChatStream", "RenderedChat", "Thinking", "ThinkingEnd", "ThinkingResult", "chat",
+    "chat_stream",
     "embed", "embed_batch", "render_chat_template",
     "add_tier", "cache_info", "cache_rows", "cached_prefix_len", "configure_cache", "evict", "evict_bytes",
     "list_tiers", "pin_row", "prefill_only", "remove_tier", "shutdown", "unpin_row", "wait_for_saves",

@@ -137,7 +137,10 @@ def wrap_namespace(namespace: MutableMapping[str, Any], names: Iterable[str]) ->
     for n in names:
         obj = namespace.get(n)
         if inspect.isfunction(obj) and not hasattr(obj, "__wrapped__"):
-            namespace[n] = wrap(obj, n)
+            wrapped = wrap(obj, n)
+            # pickled by reference as the namespace's own name (Ray, multiprocessing)
+            wrapped.__module__, wrapped.__qualname__ = namespace.get("__name__", obj.__module__), n
+            namespace[n] = wrapped
 
 
 def _run(name: str, func: Callable[..., Any], sig: inspect.Signature, fns: tuple[Middleware, ...],

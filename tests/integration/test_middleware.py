@@ -190,3 +190,15 @@ def test_next_refuses_arguments_that_are_not_a_dict(model):
     with pytest.raises(InvalidOption) as e:
         wb.model_info(model)
     assert e.value.key == "arguments"
+
+
+def test_wrapped_calls_keep_their_signature_docs_and_pickle_by_reference(model):
+    """Workers (Ray, multiprocessing) get wb's functions by reference; help() shows the real ones."""
+    import inspect
+    import pickle
+
+    from workbench import api
+
+    assert pickle.loads(pickle.dumps(wb.complete)) is wb.complete
+    assert inspect.signature(wb.complete) == inspect.signature(api.complete)
+    assert wb.complete.__doc__ == api.complete.__doc__ and wb.complete.__wrapped__ is api.complete
