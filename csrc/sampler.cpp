@@ -145,9 +145,9 @@ public:
         }
         if (threw) throw NativeError(std::string("sampling failed: ") + what);
         if (t == LLAMA_TOKEN_NULL) {
-            throw py::value_error("option grammar: no token can continue the text the grammar has matched so far "
-                                  "(every candidate was ruled out: a grammar no token can satisfy, or one that "
-                                  "only allows an end-of-generation token under ignore_eos)");
+            throw py::value_error("no token can continue the text so far (every candidate was ruled out: a grammar "
+                                  "no token can satisfy, one that only allows an end-of-generation token under "
+                                  "ignore_eos, or a logit_bias that bans every token the grammar allows)");
         }
         ++n_sampled_;
         return t;

@@ -119,6 +119,14 @@ REQUEST_VALID: dict[str, st.SearchStrategy] = {
     "json_schema": st.one_of(st.none(), st.sampled_from([{"type": "integer"}, {"type": "string"}, True, "{}",
                                                          "not json", {"enum": ["a", "b"]}])),
     "ignore_eos": st.booleans(),
+    "min_tokens": st.one_of(small_pos, st.sampled_from([10**6, -1])),
+    "frequency_penalty": st.one_of(st.floats(-2, 2), st.sampled_from(WEIRD_FLOATS)),
+    "presence_penalty": st.one_of(st.floats(-2, 2), st.sampled_from(WEIRD_FLOATS)),
+    "logit_bias": st.one_of(st.none(), st.dictionaries(
+        st.one_of(st.sampled_from([0, 1, 2, 49151, 49152, 10**6, -1]), st.sampled_from(SPECIALS), text),
+        st.one_of(st.floats(-100, 100), st.sampled_from(WEIRD_FLOATS + [-100.0, 101.0])), max_size=4)),
+    "logprobs": st.one_of(st.none(), st.integers(0, 20), st.sampled_from([21, -1, 10**6])),
+    "grammar_root": st.sampled_from(["root", "item", "a-b", "", "no such", "\u00e9"]),
     "render_special": st.one_of(st.booleans(), st.lists(st.sampled_from(SPECIALS + ["<think>"]), max_size=3)),
     "reasoning_budget": st.one_of(st.none(), st.fixed_dictionaries(
         {"tokens": small_pos, "end": st.sampled_from(["</think>", "x", ""])},

@@ -178,6 +178,14 @@ def test_a_large_positive_bias_makes_a_token_appear(model):
     assert r.logprobs[0].logprob > -0.01                  # the bias is in the logprobs too
 
 
+def test_a_bias_that_bans_every_token_ends_only_its_request(model):
+    every = {t: float("-inf") for t in range(wb.model_info(model)["n_vocab"])}
+    with pytest.raises(InvalidOption, match="logit_bias") as e:
+        wb.complete(model, PROMPT, response_tokens=4, logit_bias=every)
+    assert "no token can continue" in str(e.value)
+    assert wb.complete(model, PROMPT, response_tokens=4).finish_reason == "length"
+
+
 @pytest.mark.parametrize("bias, word", [
     ({" the capital": 1.0}, "exactly one token"),
     ({10**6: 1.0}, "token id of this model"),

@@ -96,8 +96,11 @@ def sampling_failed(grammar: str | None, json_schema: str | None, err: Exception
 
 
 def grammar_dead_end(grammar: str | None, json_schema: str | None, err: Exception) -> InvalidOption:
-    """The error a request ends with when its grammar leaves no token to sample mid-way (the
-    native sampler refuses rather than let llama.cpp abort accepting a ruled-out token)."""
+    """The error a request ends with when its grammar (or, without one, its logit_bias)
+    leaves no token to sample mid-way (the native sampler refuses rather than let llama.cpp
+    abort accepting a ruled-out token)."""
     if json_schema is not None:
         return InvalidOption("json_schema", json_schema, f"a schema some continuation can satisfy: {err}")
+    if grammar is None:
+        return InvalidOption("logit_bias", "...", f"a bias that leaves some token possible: {err}")
     return InvalidOption("grammar", grammar, f"a grammar some continuation can satisfy: {err}")
