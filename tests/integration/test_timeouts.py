@@ -144,3 +144,11 @@ def test_bad_limits_are_refused_before_the_engine_sees_them(model, key, bad):
     with pytest.raises(InvalidOption) as e:
         wb.stream(model, "Hello", **{key: bad})
     assert e.value.key == key and "seconds > 0" in str(e.value)
+
+
+def test_a_timed_out_chat_stream_raises_the_timeout_again_from_result(model):
+    s = wb.chat_stream(model, [{"role": "user", "content": "Tell me a story."}], token_timeout_s=1e-4, **LONG)
+    events = list(s)
+    assert isinstance(events[-1], wb.Error) and isinstance(events[-1].reason, RequestTimeout)
+    with pytest.raises(RequestTimeout):
+        s.result()

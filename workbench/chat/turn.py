@@ -202,6 +202,8 @@ class ChatStream(ThinkingStream):
         for ev in self.drain():
             if isinstance(ev, Error):
                 raise ev.reason
+        if self.error is not None:  # its Error was already handed out
+            raise self.error
         if not isinstance(self.done, ChatDone):
             raise RuntimeError("the chat stream was closed before it ended")
         return ChatResult.from_chat_done(self.done, self.model, self.ref)
