@@ -18,7 +18,8 @@ from .errors import InvalidOption, UnknownOption
 from .options import RequestOptions, build, check_int
 
 SAMPLING_OPTIONS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "repeat_last_n", "seed",
-                    "grammar", "json_schema", "ignore_eos")
+                    "grammar", "grammar_root", "json_schema", "ignore_eos", "min_tokens", "frequency_penalty",
+                    "presence_penalty", "logit_bias")
 
 
 def draft_tokens(model: str, prefix_tokens: Sequence[int], max: int = 8, **sampling: Any) -> list[int]:  # noqa: A002

@@ -240,3 +240,11 @@ def test_bad_sampling_values_are_named(model, opts):
 def test_a_misspelt_sampling_option_is_unknown(model):
     with pytest.raises(UnknownOption, match="top_logprobs"):
         wb.complete(model, PROMPT, response_tokens=2, top_logprobs=3)
+
+
+def test_draft_tokens_takes_the_sampling_options(model):
+    prefix = wb.tokenize(model, PROMPT)
+    plain = wb.draft_tokens(model, prefix, max=4)
+    banned = wb.draft_tokens(model, prefix, max=4, logit_bias={plain[0]: float("-inf")})
+    assert plain and banned and banned[0] != plain[0]
+    assert len(wb.draft_tokens(model, wb.tokenize(model, EMPTY_REPLY), max=4, min_tokens=3)) >= 3
