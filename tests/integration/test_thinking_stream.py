@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+from pathlib import Path
 
 import pytest
 
 import workbench as wb
+from workbench import _native, registry
+from workbench.chat import TemplateCache
 from workbench.chat.raw_thinking import ThinkingResult
 from workbench.errors import InvalidOption, RequestTimeout, UnknownOption
 
@@ -121,3 +124,23 @@ def test_bad_thinking_options_are_refused(model):
     with pytest.raises(UnknownOption) as u:
         wb.stream(model, PROMPT, thinkng=True)
     assert "'thinking'" in str(u.value)
+
+
+TEMPLATES = Path(__file__).resolve().parents[2] / "vendor" / "llama.cpp" / "models" / "templates"
+
+
+@pytest.mark.skipif(not (TEMPLATES / "Qwen-Qwen3-0.6B.jinja").exists(), reason="llama.cpp's template files")
+def test_markers_come_from_the_models_thinking_template(fresh_model):
+    """No reasoning model is available here, so the fresh model's parsed template is set to
+    Qwen3's (as if its GGUF carried it): the markers are then read from the template
+    (<think> / </think>, through llama.cpp common), with no thinking_markers anywhere."""
+    eng = registry.get(fresh_model)
+    qwen3 = (TEMPLATES / "Qwen-Qwen3-0.6B.jinja").read_text()
+    eng.attachment("chat_templates", TemplateCache).put(None, _native.ChatTemplates(eng.model, qwen3))
+    prompt = PROMPT + "<think>\n"                     # the prompt opens the block
+    free = wb.complete(fresh_model, prompt, response_tokens=3)
+    r = wb.complete(fresh_model, prompt, response_tokens=16, thinking=True, thinking_budget_tokens=3)
+    assert r.tokens[:3] == free.tokens[:3] and r.thinking == free.reply.strip()
+    end = wb.tokenize(fresh_model, "</think>", add_special=False)
+    assert list(r.tokens[3:3 + len(end)]) == end     # forced by the budget, from the template's end tag
+    assert "</think>" in r.reply and "</think>" not in r.content and r.thinking_signature == ""
