@@ -240,12 +240,13 @@ SeqState read_layout(std::string_view lay, uint16_t flags, const StateLimits & l
 struct Piece {
     std::string_view body;
     uint32_t p0, n;
+    uint32_t take;  // cells used: n, or fewer in a last chunk used only in part
 };
 
 // Checks each piece's header against the first piece and the expected keys; returns the
 // shared layout and the pieces' bodies. Refuses before anything is copied.
 SeqState check_pieces(const Context & ctx, const std::vector<py::bytes> & pieces, const std::vector<py::bytes> & keys,
-                      std::vector<Piece> & out, uint32_t & total) {
+                      uint32_t n_tokens, std::vector<Piece> & out, uint32_t & total) {
     if (pieces.empty()) refuse("state_join", "no chunks to join");
     if (pieces.size() != keys.size()) {
         refuse("state_join", std::to_string(pieces.size()) + " chunks for " + std::to_string(keys.size()) + " keys");
@@ -283,21 +284,30 @@ SeqState check_pieces(const Context & ctx, const std::vector<py::bytes> & pieces
             refuse("state_join", what + " holds " + std::to_string(body.size()) + " bytes of KV, its layout says " +
                                      std::to_string(body_bytes(s, n)));
         }
-        out.push_back(Piece{body, p0, n});
+        out.push_back(Piece{body, p0, n, n});
         total += n;
+    }
+    if (n_tokens != 0) {  // the last chunk used for its first positions only
+        Piece & last = out.back();
+        if (n_tokens > total || n_tokens <= last.p0) {
+            refuse("state_join", std::to_string(n_tokens) + " positions asked of chunks holding " +
+                                     std::to_string(last.p0) + " .. " + std::to_string(total) + " in their last");
+        }
+        last.take = n_tokens - last.p0;
+        total = n_tokens;
     }
     return s;
 }
 
 // Appends one piece's cell records, each checked to be at the position the chain needs.
 void append_cells(std::string & out, const KvStream & st, const Piece & pc, size_t off) {
-    for (uint32_t j = 0; j < pc.n; ++j) {
+    for (uint32_t j = 0; j < pc.take; ++j) {
         const char * cell = pc.body.data() + off + (size_t)j * st.cell_bytes;
         if (get<int32_t>(cell) != (int32_t)(pc.p0 + j) || get<uint32_t>(cell + 4) != 1) {
             refuse("state_join", "a chunk's cell " + std::to_string(j) + " is not at position " + std::to_string(pc.p0 + j));
         }
     }
-    out.append(pc.body.data() + off, (size_t)pc.n * st.cell_bytes);
+    out.append(pc.body.data() + off, (size_t)pc.take * st.cell_bytes);
 }
 
 std::string assemble(const SeqState & s, const std::vector<Piece> & pieces, uint32_t total) {
@@ -323,7 +333,7 @@ std::string assemble(const SeqState & s, const std::vector<Piece> & pieces, uint
             put<uint32_t>(out, (uint32_t)st.layers.size());
             auto rows = [&](uint64_t stride) {
                 for (size_t i = 0; i < pieces.size(); ++i) {
-                    out.append(pieces[i].body.data() + at[i], pieces[i].n * stride);
+                    out.append(pieces[i].body.data() + at[i], pieces[i].take * stride);
                     at[i] += pieces[i].n * stride;
                 }
             };
@@ -343,10 +353,11 @@ std::string assemble(const SeqState & s, const std::vector<Piece> & pieces, uint
     return out;
 }
 
-std::string join(const Context & ctx, const std::vector<py::bytes> & pieces, const std::vector<py::bytes> & keys) {
+std::string join(const Context & ctx, const std::vector<py::bytes> & pieces, const std::vector<py::bytes> & keys,
+                 uint32_t n_tokens) {
     std::vector<Piece> checked;
     uint32_t total = 0;
-    const SeqState s = check_pieces(ctx, pieces, keys, checked, total);
+    const SeqState s = check_pieces(ctx, pieces, keys, n_tokens, checked, total);
     py::gil_scoped_release release;  // a refusal inside throws a plain C++ exception
     return assemble(s, checked, total);
 }
@@ -360,11 +371,12 @@ void bind_kv_chunks(py::class_<Context, std::shared_ptr<Context>> & cls) {
             "Cut a sequence state into chunks of chunk_size positions, chunk i tagged with keys[i]; "
             "returns chunks first.. . ValueError when the state is not one sequence holding "
             "positions 0 .. n-1 of this context, or the keys do not match the chunk count.")
-        .def("state_join", [](Context & self, const std::vector<py::bytes> & pieces, const std::vector<py::bytes> & keys) {
-            return py::bytes(join(self, pieces, keys));
-        }, py::arg("pieces"), py::arg("keys"),
-           "Join chunks (tagged keys[0..]) into one sequence state. ValueError, nothing built, "
-           "when a chunk's key, position, layout or size is not what the chain needs.")
+        .def("state_join", [](Context & self, const std::vector<py::bytes> & pieces, const std::vector<py::bytes> & keys,
+                              uint32_t n_tokens) { return py::bytes(join(self, pieces, keys, n_tokens)); },
+             py::arg("pieces"), py::arg("keys"), py::arg("n_tokens") = 0,
+             "Join chunks (tagged keys[0..]) into one sequence state of their positions, or of the "
+             "first n_tokens (inside the last chunk). ValueError, nothing built, when a chunk's "
+             "key, position, layout or size is not what the chain needs.")
         .def("state_seq_get_chunks", [](Context & self, llama_seq_id seq, const std::vector<py::bytes> & keys,
                                         uint32_t chunk_size, size_t first) {
             const std::string state = state_seq_bytes(self, seq);
@@ -372,11 +384,11 @@ void bind_kv_chunks(py::class_<Context, std::shared_ptr<Context>> & cls) {
         }, py::arg("seq"), py::arg("keys"), py::arg("chunk_size"), py::arg("first") = 0,
            "state_cut(state_seq_get(seq), ...) without the intermediate bytes.")
         .def("state_seq_set_chunks", [](Context & self, llama_seq_id seq, const std::vector<py::bytes> & pieces,
-                                        const std::vector<py::bytes> & keys) {
+                                        const std::vector<py::bytes> & keys, uint32_t n_tokens) {
             check_seq(self, seq);
-            const std::string state = join(self, pieces, keys);
+            const std::string state = join(self, pieces, keys, n_tokens);
             return state_seq_load(self, seq, state);
-        }, py::arg("seq"), py::arg("pieces"), py::arg("keys"),
+        }, py::arg("seq"), py::arg("pieces"), py::arg("keys"), py::arg("n_tokens") = 0,
            "state_seq_set(seq, state_join(pieces, keys)): bytes read, 0 when llama.cpp refused.");
 }
 

@@ -94,11 +94,12 @@ class Context:
         """The state cut into chunks of chunk_size positions (chunk i tagged keys[i], 16 bytes),
         chunks first.. (docs/cache.md, "Chunked state"). ValueError ('state_cut: <reason>') when
         it is not one sequence holding positions 0 .. n-1 or len(keys) is not the chunk count."""
-    def state_join(self, pieces: list[bytes], keys: list[bytes]) -> bytes:
+    def state_join(self, pieces: list[bytes], keys: list[bytes], n_tokens: int = 0) -> bytes:
         """One sequence state from chunks that carry keys[0..] in order, positions following
-        from 0, one KV layout and exact sizes; ValueError ('state_join: <reason>') otherwise."""
+        from 0, one KV layout and exact sizes (n_tokens > 0: only the first n_tokens positions,
+        ending inside the last chunk); ValueError ('state_join: <reason>') otherwise."""
     def state_seq_get_chunks(self, seq: int, keys: list[bytes], chunk_size: int, first: int = 0) -> list[bytes]: ...
-    def state_seq_set_chunks(self, seq: int, pieces: list[bytes], keys: list[bytes]) -> int:
+    def state_seq_set_chunks(self, seq: int, pieces: list[bytes], keys: list[bytes], n_tokens: int = 0) -> int:
         """state_seq_set(seq, state_join(pieces, keys)); nothing restored when the join refuses."""
 
 class Sampler:

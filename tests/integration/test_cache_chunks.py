@@ -202,3 +202,26 @@ def test_engine_rows_of_a_chat_stored_as_chunks_share_their_prefix(model, model_
     finally:
         wb.unload(mid)
         wb.configure_cache([{"kind": "ram"}])
+
+
+@pytest.mark.parametrize("flash_attn", ["on", "off"])
+def test_a_join_can_end_inside_its_last_chunk(model, tokens, flash_attn):
+    """The first n positions of a chain (a shorter row served by a longer row's chunk, a
+    prompt that leaves the chain inside a chunk): the same state as the full one trimmed."""
+    ctx = make_ctx(model, flash_attn)
+    try:
+        prefill(ctx, [0], tokens)
+        keys = chunk_keys(NS, tokens, CHUNK)
+        pieces = kv_chunks.cut(ctx, 0, keys, CHUNK)
+        ctx.seq_rm(0, 300, -1)
+        assert kv_chunks.join(ctx, pieces[:3], keys[:3], n_tokens=300) == ctx.state_seq_get(0)
+        assert kv_chunks.load(ctx, 1, pieces[:3], keys[:3], n_tokens=300) > 0
+        assert (ctx.seq_pos_min(1), ctx.seq_pos_max(1)) == (0, 299)
+        assert greedy(ctx, 1, 300, tokens[300], 8) == greedy(ctx, 0, 300, tokens[300], 8)
+        ctx.seq_rm(1, -1, -1)
+        for n in (256, 385, 10_000):  # not inside the last chunk [256, 384)
+            with pytest.raises(KvChunksRefused, match="positions asked"):
+                kv_chunks.load(ctx, 1, pieces[:3], keys[:3], n_tokens=n)
+        assert ctx.seq_pos_max(1) == -1
+    finally:
+        ctx.close()

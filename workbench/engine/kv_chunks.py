@@ -49,19 +49,21 @@ def cut_state(ctx: Any, state: bytes, keys: Sequence[bytes], chunk_size: int = D
         raise _refused(exc) from None
 
 
-def join(ctx: Any, pieces: Sequence[bytes], keys: Sequence[bytes]) -> bytes:
-    """One llama.cpp sequence state from verified chunks (see the module's docstring)."""
+def join(ctx: Any, pieces: Sequence[bytes], keys: Sequence[bytes], n_tokens: int = 0) -> bytes:
+    """One llama.cpp sequence state from verified chunks (see the module's docstring): all
+    their positions, or the first ``n_tokens`` (which must end inside the last chunk: a row
+    served by the first positions of a longer row's chunk, a prompt that leaves a chunk)."""
     try:
-        return bytes(ctx.state_join(list(pieces), list(keys)))
+        return bytes(ctx.state_join(list(pieces), list(keys), n_tokens))
     except ValueError as exc:
         raise _refused(exc) from None
 
 
-def load(ctx: Any, seq: int, pieces: Sequence[bytes], keys: Sequence[bytes]) -> int:
+def load(ctx: Any, seq: int, pieces: Sequence[bytes], keys: Sequence[bytes], n_tokens: int = 0) -> int:
     """Join ``pieces`` and restore them into ``seq``: the bytes llama.cpp read (0: it refused
     the state, and emptied the sequence). KvChunksRefused, nothing restored, when the chunks do
-    not verify or the joined state does not fit this context."""
+    not verify or the joined state does not fit this context. ``n_tokens``: as for ``join``."""
     try:
-        return int(ctx.state_seq_set_chunks(seq, list(pieces), list(keys)))
+        return int(ctx.state_seq_set_chunks(seq, list(pieces), list(keys), n_tokens))
     except ValueError as exc:
         raise _refused(exc) from None
