@@ -225,6 +225,8 @@ def test_bad_speculative_input_is_named(spec_model):
          "no-such-model"),
         (lambda: wb.complete(spec_model, prefix, speculative={"draft": "x", "ngram": "simple"}), InvalidOption,
          "exactly one"),
+        (lambda: wb.complete(spec_model, prefix, speculative={"ngram": "simple", "p_min": 0.5}), InvalidOption,
+         "p_min"),
     ]
     for call, err, says in cases:
         with pytest.raises(err, match=says):
@@ -243,15 +245,17 @@ def draft_model(model_path):
     wb.unload(mid)
 
 
-def test_a_draft_models_greedy_drafts_are_accepted_and_change_nothing(spec_model, draft_model):
+def test_a_draft_models_greedy_drafts_change_nothing(spec_model, draft_model):
+    # a draft model as fast as the target seldom gets a draft back in time (the target does
+    # not wait for it): test_speculative_draft.py has the target busy so that drafts arrive
     for prompt in PROMPTS[:3]:
         plain = wb.complete(spec_model, prompt, response_tokens=48)
         r = wb.complete(spec_model, prompt, response_tokens=48, speculative={"draft": draft_model, "n_max": 6,
                                                                                    "adaptive": False})
         s = r.stats.speculative
         assert r.tokens == plain.tokens and r.finish_reason == plain.finish_reason
-        assert s["kind"] == f"draft:{draft_model}" and s["acceptance"] > 0.8 and s["draft_s"] > 0
-        assert max(s["draft_lengths"]) <= 6
+        assert s["kind"] == f"draft:{draft_model}" and s["draft_s"] > 0 and s["draft_failures"] == 0
+        assert s["drafted"] == 0 or (s["acceptance"] > 0.8 and max(s["draft_lengths"]) <= 6)
     # its drafting sessions end with the request: the draft model's sequences are free again
     assert wb.sessions(draft_model) == [] and wb.model_info(draft_model)["available_seqs"] == 2
 

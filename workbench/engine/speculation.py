@@ -3,7 +3,8 @@ the same decode as every other sequence's rows.
 
 A request with ``speculative=`` gets a drafter the first time it generates: an
 :class:`NgramDrafter` (llama.cpp's common_speculative through ``_native.Speculative``) or a
-:class:`ModelDrafter` (another loaded model's greedy reply). Each tick, before the plan:
+:class:`~.draft_model.ModelDrafter` (another loaded model's greedy reply, asked for without
+waiting: engine/draft_model.py). Each tick, before the plan:
 
 1. ``attach_drafts``: a generating speculative sequence whose feed is its last sampled
    token asks its :class:`~.spec_policy.SpecPolicy` for a draft length (at most n_max,
@@ -39,15 +40,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import _native
-from ..errors import InvalidOption, WorkbenchError
-from ..options import NGRAM_KINDS, RequestOptions, SpeculativeOptions
+from ..options import NGRAM_KINDS, SpeculativeOptions
 from .batch import DecodeBatch, Slice
+from .draft_model import ModelDrafter, check_speculative
 from .request import Request
 from .results import BatchResults
 from .seq_pool import SeqPool
 from .spec_policy import SpecPolicy
 
 COUNTER_NAMES = ("spec_steps", "spec_drafted", "spec_accepted")
+__all__ = ["COUNTER_NAMES", "Speculation", "check_speculative"]
 
 
 @dataclass(slots=True)
@@ -90,27 +92,6 @@ class SpecNumbers:
         }
 
 
-DRAFT_WAIT_S = 10.0           # the longest the loop waits for a draft model's reply
-DRAFT_SCOPE = "speculative-draft"
-
-
-def check_speculative(opts: SpeculativeOptions | None, target: Any, draft: Any) -> None:
-    """A draft model is given (the facade looked it up), is not the target itself (its loop
-    would wait on itself), and passes llama.cpp's vocabulary check against the target."""
-    if opts is None or opts.draft is None:
-        return
-    if draft is None:
-        raise InvalidOption("speculative", {"draft": opts.draft}, "the id of a loaded model")
-    if draft is target:
-        raise InvalidOption("speculative", {"draft": opts.draft},
-                            "another loaded model than the target (load a second instance to draft with the same file)")
-    try:
-        _native.Speculative(target.model, {"type": "draft-simple"}, draft.ctx.n_seq_max, target.ctx, draft.ctx).close()
-    except ValueError as e:
-        raise InvalidOption("speculative", {"draft": opts.draft},
-                            f"a draft model whose vocabulary matches the target's (llama.cpp: {e})") from None
-
-
 def make_state(req: Request, model: Any) -> SpecState:
     opts = req.opts.speculative
     assert opts is not None
@@ -143,41 +124,8 @@ class NgramDrafter:
     def close(self) -> None:
         self.native.close()
 
-
-class ModelDrafter:
-    """Drafts from another loaded model: its greedy reply to the tokens so far, through its
-    own engine (batched there with its other sequences), on a session of its own so each
-    step prefills only what is new since the last. The loop waits for it (bounded); a
-    draft that fails or is late is no draft, and the request decodes on without one."""
-
-    def __init__(self, engine: Any, opts: SpeculativeOptions, name: str) -> None:
-        self.engine, self.opts, self.session = engine, opts, name
-        self.kind = f"draft:{engine.model_id}"
-        self.failures = 0
-
-    def draft(self, history: list[int], last: int, pos: int, n_max: int) -> list[int]:
-        try:
-            return self._reply(history + [last], n_max)
-        except WorkbenchError:
-            self.failures += 1
-            return []
-
-    def _reply(self, prompt: list[int], n_max: int) -> list[int]:
-        opts = RequestOptions(response_tokens=n_max, cache=False, session_id=self.session, cache_scope=DRAFT_SCOPE)
-        req = self.engine.submit(prompt, opts)
-        if not req.finished.wait(DRAFT_WAIT_S):
-            self.engine.cancel(req)
-            return []
-        return list(req.generated)
-
-    def accepted(self, n: int) -> None:
-        pass
-
-    def close(self) -> None:
-        try:
-            self.engine.end_session(self.session, DRAFT_SCOPE)
-        except (WorkbenchError, TimeoutError):
-            pass    # no session yet, or the draft model is gone: nothing to free
+    def summary(self) -> dict[str, Any]:
+        return {}
 
 
 @dataclass(slots=True)
@@ -205,7 +153,7 @@ class SpecState:
         self.drafter.close()
 
     def summary(self) -> dict[str, Any]:
-        return self.numbers.summary() | self.policy.summary()
+        return self.numbers.summary() | self.policy.summary() | self.drafter.summary()
 
 
 def own_time(batch: DecodeBatch) -> bool:
