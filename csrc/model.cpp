@@ -83,6 +83,7 @@ Model::Model(const std::string & path_, int n_gpu_layers, bool use_mmap, bool vo
         throw NativeError("llama.cpp could not load the model '" + path + "'" +
                           (why.empty() ? "" : ": " + why));
     }
+    n_ctx_train_ = llama_model_n_ctx_train(model_);
     const llama_vocab * v = llama_model_get_vocab(model_);
     char buf[8];
     for (llama_token t = 0; t < llama_vocab_n_tokens(v); ++t) {
@@ -297,7 +298,8 @@ void bind_model(py::module_ & m) {
         .def_property_readonly("eot", [](const Model & self) { return llama_vocab_eot(self.vocab()); })
         .def_property_readonly("add_bos", [](const Model & self) { return llama_vocab_get_add_bos(self.vocab()); })
         .def_property_readonly("add_eos", [](const Model & self) { return llama_vocab_get_add_eos(self.vocab()); })
-        .def_property_readonly("n_ctx_train", [](const Model & self) { return llama_model_n_ctx_train(self.get()); })
+        .def_property_readonly("n_ctx_train", [](const Model & self) { self.get(); return self.n_ctx_train(); },
+                               "The training context the file states (read at load).")
         .def_property_readonly("n_embd", [](const Model & self) { return llama_model_n_embd(self.get()); })
         .def_property_readonly("n_layer", [](const Model & self) { return llama_model_n_layer(self.get()); })
         .def_property_readonly("n_head", [](const Model & self) { return llama_model_n_head(self.get()); })

@@ -82,12 +82,16 @@ public:
     // The longest piece of any token, special ones included, in bytes: a text of n bytes has
     // at least ceil(n / max_piece_bytes) tokens. Computed once, at load.
     size_t max_piece_bytes() const { return max_piece_bytes_; }
+    // The training context the file states, read at load: llama.cpp rescales its own copy
+    // when a context uses YaRN with another frequency scale (llama_init_from_model).
+    int32_t n_ctx_train() const { return n_ctx_train_; }
 
     std::string path;
 
 private:
     llama_model * model_ = nullptr;
     size_t max_piece_bytes_ = 1;
+    int32_t n_ctx_train_ = 0;
 };
 
 // Owns a llama_context, its reusable batch and the abort state the callback reads.

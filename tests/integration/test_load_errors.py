@@ -124,8 +124,8 @@ BAD_LOAD_OPTIONS = [
     ({"yarn_attn_factor": -1.0}, "yarn_attn_factor", "> 0"),
     ({"yarn_beta_fast": 0}, "yarn_beta_fast", "> 0"),
     ({"yarn_beta_slow": float("-inf")}, "yarn_beta_slow", "> 0"),
-    ({"yarn_orig_ctx": 0}, "yarn_orig_ctx", "[1, 4194304]"),
-    ({"yarn_orig_ctx": 2**40}, "yarn_orig_ctx", "[1, 4194304]"),
+    ({"yarn_orig_ctx": 0}, "yarn_orig_ctx", "[1, 2097152]"),
+    ({"yarn_orig_ctx": 2**40}, "yarn_orig_ctx", "[1, 2097152]"),
     ({"chat_template_cache": 0}, "chat_template_cache", "[1, 1024]"),
 ]
 

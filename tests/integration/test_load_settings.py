@@ -177,16 +177,17 @@ def test_yarn_scaling_changes_the_output(load, base):
 def test_cached_rows_are_not_served_across_rope_settings(load):
     """RoPE overrides rotate K: a row saved with the model's RoPE must not seed a model
     loaded with another (warm would differ from cold), while a second plain instance hits."""
+    prompt = " ".join([PROMPT] * 4)   # long enough for rows at a few save points
     plain = load()
-    wb.complete(plain, PROMPT, response_tokens=4)
-    wb.wait_for_saves()
+    wb.complete(plain, prompt, response_tokens=4)
+    assert wb.wait_for_saves()
     again = load()
-    wb.complete(again, PROMPT, response_tokens=4)
+    wb.complete(again, prompt, response_tokens=4)
     assert wb.last_cache_hit(again)["kind"] in ("exact", "partial")
     scaled = load(rope_freq_scale=0.25)
-    warm = _greedy(scaled)
+    warm = wb.complete(scaled, prompt, response_tokens=8).tokens
     assert wb.last_cache_hit(scaled)["kind"] == "cold"
-    assert warm == _greedy(load(rope_freq_scale=0.25, cache=False))
+    assert warm == wb.complete(load(rope_freq_scale=0.25, cache=False), prompt, response_tokens=8).tokens
 
 
 @pytest.mark.parametrize("opts", [{"use_mmap": False}, {"use_mlock": True}, {"use_mmap": False, "use_mlock": True},
@@ -262,3 +263,14 @@ def test_configure_cache_writer_pool(tmp_path):
             assert e.value.key == next(iter(bad))
     finally:
         wb.configure_cache([{"kind": "ram"}])
+
+
+def test_yarn_rescaling_keeps_the_files_training_context(load):
+    """llama.cpp rescales its copy of n_ctx_train to yarn_orig_ctx / rope_freq_scale when a
+    context uses YaRN with another scale (8192 / 1000 = 8 here): the defaults derived from
+    the training context (the embedding context's 2,048 tokens) keep the file's, where an
+    8-token embedding context over 16 sequences made llama.cpp abort."""
+    m = load(rope_scaling_type="yarn", rope_freq_scale=1000.0)
+    assert wb.model_info(m)["n_ctx_train"] == 8192
+    assert len(wb.embed(m, "Hello there")) == 576
+    assert len(wb.complete(m, "Hello", response_tokens=3).tokens) > 0

@@ -78,7 +78,7 @@ class LoadConfig:
     yarn_attn_factor: float | None = opt(None, as_positive(), "YaRN magnitude scale; None = the model's")
     yarn_beta_fast: float | None = opt(None, as_positive(), "YaRN low correction dim; None = the model's (32)")
     yarn_beta_slow: float | None = opt(None, as_positive(), "YaRN high correction dim; None = the model's (1)")
-    yarn_orig_ctx: int | None = opt(None, as_int(1, 2**22, none_ok=True),
+    yarn_orig_ctx: int | None = opt(None, as_int(1, 2**21, none_ok=True),
                                     "YaRN original context; None = the model's (its n_ctx_train)")
     decode_budget_ms: int = opt(30000, as_int(0), "wall-clock bound of one native step; 0 = off")
     max_queue: int = opt(64, as_int(0), "requests waiting for a sequence before QueueFull")
