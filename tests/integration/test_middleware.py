@@ -202,3 +202,25 @@ def test_wrapped_calls_keep_their_signature_docs_and_pickle_by_reference(model):
     assert pickle.loads(pickle.dumps(wb.complete)) is wb.complete
     assert inspect.signature(wb.complete) == inspect.signature(api.complete)
     assert wb.complete.__doc__ == api.complete.__doc__ and wb.complete.__wrapped__ is api.complete
+
+
+def test_calls_on_other_threads_run_their_own_chain(model):
+    """The 'already inside a chain' guard is per thread: a call on another thread while one
+    runs here is wrapped (and timed) as well."""
+    import threading
+
+    wb.middleware.add(wb.middleware.timing)
+    entered = threading.Event()
+
+    def slow(name, arguments, next):
+        if name == "complete":
+            entered.set()
+            time.sleep(0.3)          # the other thread's call runs while this chain is open
+        return next(arguments)
+
+    t = threading.Thread(target=lambda: wb.complete(model, "Hello", response_tokens=2, middleware=[slow]))
+    t.start()
+    assert entered.wait(5)
+    wb.tokenize(model, "Hi")
+    t.join()
+    assert sorted(views.calls()["call"]) == ["complete", "tokenize"]
