@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import workbench as wb
-from workbench.errors import NoSession, SessionBusy, TranscriptMismatch
+from workbench.errors import ContextOverflow, NoSession, SessionBusy, TranscriptMismatch
 
 pytestmark = pytest.mark.model
 
@@ -156,3 +156,74 @@ def test_session_busy_never_hands_another_scope_the_ref(fresh_model):
     busy = {s["cache_scope"]: s["busy_ref"] for s in wb.sessions(m)}
     assert busy == {"tenant-a": sa.ref}                       # A's request runs on
     sa.close()
+
+
+# --- the shared KV is full: idle sessions make room -----------------------------------------
+
+def long_turn(topic: str, facts: int = 34) -> str:
+    """About 8 tokens a fact: 34 facts, ~270 tokens."""
+    return ("<|im_start|>user\n" + " ".join(f"Fact {i} about {topic}." for i in range(facts))
+            + "<|im_end|>\n<|im_start|>assistant\n")
+
+
+@pytest.fixture
+def ram_cache():
+    wb.configure_cache([{"kind": "ram", "budget_bytes": 512 * 2**20}])
+    yield
+    wb.configure_cache([{"kind": "ram"}])
+
+
+@pytest.mark.load(n_ctx=1024, n_seq_max=4)
+def test_a_full_kv_saves_and_frees_the_least_recently_used_idle_session(fresh_model, ram_cache):
+    """Three idle sessions hold ~840 of the 1,024 shared KV cells; a new ~270-token request
+    needs more: the least recently used session ("a") is saved to the cache (reason evict)
+    and freed instead of the request failing, the others keep their KV, and a's next turn
+    restores from the cache and replies as it would have without the interruption."""
+    m = fresh_model
+    n = 8
+    # what a's second turn replies when nothing interrupts it (no cache, no session)
+    a1 = wb.complete(m, long_turn("the sea"), response_tokens=n, cache=False)
+    a_turn2 = next_turn(long_turn("the sea"), a1.reply, "Say it shorter.")
+    expected = wb.complete(m, a_turn2, response_tokens=n, cache=False).tokens
+    first = {sid: wb.complete(m, long_turn(topic), session_id=sid, response_tokens=n)
+             for sid, topic in (("a", "the sea"), ("b", "the moon"), ("c", "the forest"))}
+    assert first["a"].reply == a1.reply and wb.model_info(m)["pinned_idle_seqs"] == 3
+    assert wb.wait_for_saves()
+    # the cache loses every row (churn): the sessions' KV lives only in their sequences now
+    wb.evict_bytes(sum(row["bytes"] for row in wb.cache_rows()))
+    assert wb.cache_rows() == []
+    a_tokens = {s["session_id"]: s["tokens"] for s in wb.sessions(m)}["a"]
+    before = wb.counters().get("kv_full_evictions", 0)
+
+    new = wb.complete(m, long_turn("the desert"), response_tokens=n)
+    assert new.finish_reason == "length" and len(new.tokens) == n
+    assert wb.counters()["kv_full_evictions"] - before == 1
+    seqs = {s["session_id"]: s["seq"] for s in wb.sessions(m)}
+    assert seqs["a"] is None and seqs["b"] is not None and seqs["c"] is not None
+    saved = [row for row in wb.cache_rows() if row["reason"] == "evict"]
+    assert [(row["n_tokens"], row["live"]) for row in saved] == [(a_tokens, True)]
+
+    back = wb.complete(m, a_turn2, session_id="a", response_tokens=n)
+    assert back.stats.cache_hit_kind == "partial"
+    assert back.stats.prompt_tokens - back.stats.prefilled_tokens == a_tokens
+    assert back.tokens == expected
+    # b kept its KV: its next turn is sticky
+    b_turn2 = next_turn(long_turn("the moon"), first["b"].reply, "Say it shorter.")
+    assert wb.complete(m, b_turn2, session_id="b", response_tokens=n).stats.cache_hit_kind == "sticky"
+
+
+@pytest.mark.load(n_ctx=1024, n_seq_max=4)
+def test_a_full_kv_without_idle_sessions_fails_the_newest_request(fresh_model):
+    """A request in flight holds ~700 of the 1,024 shared KV cells and no session is idle:
+    a newer ~400-token prompt does not fit beside it and fails with ContextOverflow, while
+    the older one goes on decoding."""
+    m = fresh_model
+    older = wb.stream(m, long_turn("the sea", facts=88), response_tokens=200, ignore_eos=True, cache=False)
+    events = iter(older)
+    next(events)
+    newer = list(wb.stream(m, long_turn("the moon", facts=50), response_tokens=4, cache=False))
+    assert isinstance(newer[-1], wb.Error) and isinstance(newer[-1].reason, ContextOverflow)
+    assert "full" in str(newer[-1].reason)
+    assert sum(isinstance(next(events), wb.Token) for _ in range(4)) == 2   # Token, TokenId, ...: it goes on
+    older.cancel()
+    assert older.result().finish_reason == "cancelled"

@@ -4,7 +4,9 @@ llama.cpp keeps the ubatches it already processed after an abort or a fatal erro
 every sequence in the batch is first rolled back to where it stood before the batch.
 Then: a cancel-triggered abort just lets the others redo their rows; a step past its
 budget fails what runs and recreates the context (the model stays loaded); a full KV cache
-fails the newest request; any other code fails the batch's requests.
+first frees an idle session's cells (the pool's ``kv_full``: saved to the prefix cache,
+least recently used first) and runs the batch again next tick, and only when no session is
+idle fails the newest request; any other code fails the batch's requests.
 
 State: none of its own; it acts through the sequence pool, the request table and the
 adapter set it is given.
@@ -46,6 +48,8 @@ class Recovery:
             self.recreate_context(DecodeTimeout(
                 f"a decode step ran past decode_budget_ms={self._budget_ms} and was aborted; "
                 "the context was recreated"))
+        elif rc == KV_FULL and self._pool.kv_full():
+            pass   # an idle session's cells were freed: the batch is planned again next tick
         elif rc == KV_FULL and self._table.active:
             # the sequences together outgrew the shared context; the newest yields
             victim = self._table.active[-1]

@@ -5,12 +5,15 @@ State: the native context (replaced by :meth:`SeqPool.reset`), the free sequence
 (ascending, so a free sequence is reused lowest first), and the session table, whose idle
 sessions' sequences are reclaimed when none is free (least recently used first; never one
 with a request in flight). Callers on other threads read counts under the engine's lock.
+``kv_full``: what frees KV cells when the shared KV is full (set by the session commands:
+save and free the least recently used idle session); True when it freed some.
 """
 
 from __future__ import annotations
 
 import collections
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from .. import _native
@@ -27,6 +30,7 @@ class SeqPool:
         self._lock = lock
         self.ctx: Any = _native.Context(model, ctx_params)
         self._free = list(range(self.ctx.n_seq_max))
+        self.kv_full: Callable[[], bool] = _nothing_to_free
 
     # --- facts (any thread, under the lock) ---------------------------------------------------
     def n_free(self) -> int:
@@ -100,3 +104,7 @@ class SeqPool:
 
     def close(self) -> None:
         self.ctx.close()
+
+
+def _nothing_to_free() -> bool:
+    return False

@@ -1,5 +1,7 @@
-"""Session commands: end, reset, evict. They run on the loop thread between ticks (the
-engine queues them with a bounded wait), so they never race a decode.
+"""Session commands: end, reset, evict; and making room when the shared KV is full. The
+commands run on the loop thread between ticks (the engine queues them with a bounded
+wait), so they never race a decode; `make_room` runs on the loop thread after a decode
+found no free KV cells (the pool's ``kv_full`` hook, registered here).
 
 State: none of its own; it acts on the session table through the sequence pool (their
 sequences), the request table (a reset session's request) and the save points (their rows).
@@ -19,6 +21,8 @@ from .request_table import RequestTable
 from .seq_pool import SeqPool
 from .sessions import Session, SessionTable
 
+COUNTER_NAMES = ("kv_full_evictions",)   # idle sessions saved and freed because the KV was full
+
 
 class SessionCommands:
     def __init__(self, sessions: SessionTable, pool: SeqPool, table: RequestTable, saves: SavePoints,
@@ -29,6 +33,7 @@ class SessionCommands:
         self._saves = saves
         self._counters = counters
         self._lock = lock
+        pool.kv_full = self.make_room
 
     def end(self, session_id: Hashable, scope: str) -> None:
         sess = self._sessions.get(session_id, scope)
@@ -59,14 +64,28 @@ class SessionCommands:
         keeps its transcript; its next turn restores from the cache). Saves stop after
         ``timeout_s``; returns the rows saved."""
         deadline = time.monotonic() + timeout_s
-        saved = 0
         with self._lock:
             idle = self._sessions.idle_pinned()
-        for sess in idle:
-            if time.monotonic() < deadline and self._saves.save_session(sess, reason):
-                saved += 1
-            self._pool.release(sess)
-            self._counters["cache_evicted_sessions"] += 1
+        return sum(self._evict_one(sess, reason, deadline) for sess in idle)
+
+    def make_room(self) -> bool:
+        """The shared KV is full: save the least recently used idle session's KV (reason
+        evict; a row already cached is not written again) and free its cells, so the batch
+        can run again. False when no session is idle: then a request must yield."""
+        with self._lock:
+            idle = self._sessions.idle_pinned()
+        if not idle:
+            return False
+        self._evict_one(idle[0], SaveReason.EVICT, None)
+        self._counters["kv_full_evictions"] += 1
+        return True
+
+    def _evict_one(self, sess: Session, reason: SaveReason, deadline: float | None) -> bool:
+        """Save (before ``deadline``, if any) and release an idle session's sequence; True
+        when a row was saved."""
+        saved = (deadline is None or time.monotonic() < deadline) and self._saves.save_session(sess, reason)
+        self._pool.release(sess)
+        self._counters["cache_evicted_sessions"] += 1
         return saved
 
     def forget_all(self) -> None:
