@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""How fast the eviction lab replays a long trace (no model involved).
+"""How fast the eviction lab replays a long trace (no model involved), or, with --table,
+how the policies compare on it.
 
 Generates a seeded trace (100,000 requests by default), then runs
 `workbench.lab.replay` through the five registered policies at the given cache
@@ -8,11 +9,17 @@ the CPU time of this process and its worker processes.
 
     python bench/bench_replay.py [--workload chats|agents|rag] [--requests 100000]
                                  [--sizes 8GiB] [--workers N] [--checkpoint-every 2048] [--json out.json]
+                                 [--chunk-size 256 | --whole-rows] [--table]
+
+--table prints a Markdown table instead (a deterministic simulation, not a timing): per
+budget and policy, the miss ratio (exact / partial hits) and the fraction of prompt
+tokens whose prefill the cache saved, the best policy of each budget in bold.
 """
 
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 import json
 import os
 import resource
@@ -26,6 +33,9 @@ from workbench import lab  # noqa: E402
 from workbench.lab import traces  # noqa: E402
 from workbench.lab.plan import build_plan  # noqa: E402
 from workbench.units import format_bytes  # noqa: E402
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 WORKLOADS = {"chats": traces.multi_turn_chats, "agents": traces.agent_tasks, "rag": traces.rag_queries}
 
@@ -46,7 +56,17 @@ def main() -> None:
     ap.add_argument("--checkpoint-every", type=int, default=2048)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, help="also write the results here")
+    ap.add_argument("--chunk-size", type=int, default=256, help="the chunk model's chunk size (tokens)")
+    ap.add_argument("--whole-rows", action="store_true", help="the whole-row model instead of chunks")
+    ap.add_argument("--table", action="store_true", help="print the policy table (Markdown) only")
     args = ap.parse_args()
+    chunk_size = None if args.whole_rows else args.chunk_size
+    if args.table:
+        trace = WORKLOADS[args.workload](args.requests, seed=args.seed)
+        df = lab.replay(trace, args.policies.split(","), args.sizes.split(","), workers=args.workers,
+                        checkpoint_every=args.checkpoint_every, chunk_size=chunk_size)
+        print(policy_table(df))
+        return
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
@@ -63,7 +83,7 @@ def main() -> None:
     print(f"  plan (once)       {t2 - t1:6.1f} s  (replay builds it again below, included in its time)")
     cpu0 = cpu_seconds()
     df = lab.replay(trace, args.policies.split(","), args.sizes.split(","), workers=args.workers,
-                    checkpoint_every=args.checkpoint_every)
+                    checkpoint_every=args.checkpoint_every, chunk_size=chunk_size)
     t3 = time.perf_counter()
     cpu = cpu_seconds() - cpu0
     print(f"  replay            {t3 - t2:6.1f} s wall, {cpu:.1f} s CPU (all processes)")
@@ -78,6 +98,25 @@ def main() -> None:
                "generate_s": t1 - t0, "plan_s": t2 - t1, "replay_wall_s": t3 - t2, "replay_cpu_s": cpu,
                "rows": df.drop(columns=["policy"]).assign(policy=df["policy"].astype(str)).to_dict("records")}
         args.json.write_text(json.dumps(out, indent=2))
+
+
+def policy_table(df: pd.DataFrame) -> str:
+    """One line per budget: each policy's miss ratio (exact / partial hits) and prefill
+    saved; the most prefill saved in bold."""
+    p = df.attrs["params"]
+    policies = list(df["policy"].cat.categories)
+    lines = [f"{p['trace']}, {p['requests']:,} requests, footprint {format_bytes(p['footprint_bytes'])}, "
+             f"chunk size {p['chunk_size']}: miss ratio (exact / partial hits), prefill saved",
+             "", "| budget | " + " | ".join(policies) + " |", "|---:|" + "---:|" * len(policies)]
+    for size, group in df.groupby("size_bytes", sort=True):
+        best = group["prefill_saved_fraction"].max()
+        cells = []
+        for r in group.set_index("policy").loc[policies].itertuples():
+            saved = f"{r.prefill_saved_fraction:.1%}"
+            cells.append(f"{r.miss_ratio:.1%} ({r.exact_hits:,} / {r.partial_hits:,}), "
+                         + (f"**{saved}**" if r.prefill_saved_fraction == best else saved))
+        lines.append(f"| {format_bytes(int(size))} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
