@@ -16,7 +16,10 @@ summary, free generation. Speed is the decode rate: ours `Stats.decode_tps` (fir
 generated token), llama.cpp's its "decoded N tokens in T seconds" line (after the prompt).
 Rounds alternate the programs and ours; each figure is the median over rounds.
 
-    python bench/bench_speculative.py [--rounds 3] [--n-predict 128] [--pair] [--fixed] [--json out.json]
+    python bench/bench_speculative.py [--rounds 3] [--n-predict 128] [--pair] [--fixed | --both] [--json out.json]
+
+``--both`` measures each of our speculative sides twice, adaptive and fixed (always n_max),
+and prints what adaptive decided (verified drafts, drafts explored, off switches) per class.
 """
 
 from __future__ import annotations
@@ -94,15 +97,22 @@ def program_cmd(name: str, model: Path, prompt: str, n: int, threads: int, extra
             "--top-k", "1", "--seed", "1", "-c", "4096", "--spec-draft-n-max", str(N_DRAFT), *extra]
 
 
-ADAPTIVE = {"adaptive": True}  # --fixed: {"adaptive": False} (always draft n_max)
+MODES = [True]  # adaptive values our speculative sides run with: --fixed [False], --both [True, False]
 
 
 def ours(mid: str, prompt: str, n: int, spec: dict[str, Any] | None) -> dict[str, float]:
-    spec = None if spec is None else {**spec, **ADAPTIVE}
     r = wb.complete(mid, prompt, response_tokens=n, temperature=0, cache=False, speculative=spec)
     s = r.stats.speculative or {}
     return {"tps": r.stats.decode_tps or 0.0, "acceptance": float(s.get("acceptance") or 0.0),
-            "tokens": r.stats.generated_tokens}
+            "tokens": r.stats.generated_tokens, "steps": s.get("steps", 0),
+            "explored": s.get("explored", 0), "off": (s.get("decisions") or {}).get("off", 0)}
+
+
+def spec_sides(name: str, mid: str, prompt: str, n: int, spec: dict[str, Any]) -> dict[str, Callable[[], Any]]:
+    """Our side for ``spec`` once per mode in MODES ('ours X', 'ours X fixed')."""
+    def side(adaptive: bool) -> Callable[[], Any]:
+        return lambda: ours(mid, prompt, n, {**spec, "adaptive": adaptive})
+    return {f"{name}{'' if adaptive else ' fixed'}": side(adaptive) for adaptive in MODES}
 
 
 def measure_class(label: str, rounds: int, sides: dict[str, Callable[[], dict[str, float]]]) -> dict[str, Any]:
@@ -112,15 +122,17 @@ def measure_class(label: str, rounds: int, sides: dict[str, Callable[[], dict[st
         for key, fn in sides.items():
             runs[key].append(fn())
     return {key: {"tps": statistics.median(r["tps"] for r in rs),
-                  "acceptance": statistics.median(r["acceptance"] for r in rs)} for key, rs in runs.items()}
+                  "acceptance": statistics.median(r["acceptance"] for r in rs),
+                  "decided": [(r.get("steps", 0), r.get("explored", 0), r.get("off", 0)) for r in rs]}
+            for key, rs in runs.items()}
 
 
 def ngram_sides(mid: str, model: Path, prompt: str, n: int, threads: int) -> dict[str, Callable[[], Any]]:
     return {
         "plain": lambda: ours(mid, prompt, n, None),
-        "ours ngram-cache": lambda: ours(mid, prompt, n, {"ngram": "cache", "n_max": N_DRAFT}),
+        **spec_sides("ours ngram-cache", mid, prompt, n, {"ngram": "cache", "n_max": N_DRAFT}),
         "llama-lookup": lambda: run_program(program_cmd("llama-lookup", model, prompt, n, threads, [])),
-        "ours ngram-simple": lambda: ours(mid, prompt, n, {"ngram": "simple", "n_max": N_DRAFT}),
+        **spec_sides("ours ngram-simple", mid, prompt, n, {"ngram": "simple", "n_max": N_DRAFT}),
         "llama-speculative-simple ngram-simple": lambda: run_program(program_cmd(
             "llama-speculative-simple", model, prompt, n, threads, ["--spec-type", "ngram-simple", "-md", str(model)])),
     }
@@ -130,20 +142,22 @@ def pair_sides(mid: str, did: str, target: Path, draft: Path, prompt: str, n: in
                threads: int) -> dict[str, Callable[[], Any]]:
     return {
         "plain": lambda: ours(mid, prompt, n, None),
-        "ours draft": lambda: ours(mid, prompt, n, {"draft": did, "n_max": N_DRAFT}),
+        **spec_sides("ours draft", mid, prompt, n, {"draft": did, "n_max": N_DRAFT}),
         "llama-speculative-simple draft-simple": lambda: run_program(program_cmd(
             "llama-speculative-simple", target, prompt, n, threads,
             ["--spec-type", "draft-simple", "-md", str(draft)])),
     }
 
 
-PAIRS = (("ours ngram-cache", "llama-lookup"), ("ours ngram-simple", "llama-speculative-simple ngram-simple"),
-         ("ours draft", "llama-speculative-simple draft-simple"))
+_PAIRS = (("ours ngram-cache", "llama-lookup"), ("ours ngram-simple", "llama-speculative-simple ngram-simple"),
+          ("ours draft", "llama-speculative-simple draft-simple"))
+PAIRS = _PAIRS + tuple((f"{a} fixed", b) for a, b in _PAIRS)
 
 
 def report(title: str, results: dict[str, dict[str, Any]]) -> None:
     print(f"\n{title}")
-    print(f"{'prompt class':<28}{'side':<40}{'tok/s':>8}{'accept':>8}{'x plain':>9}{'x llama.cpp':>12}")
+    print(f"{'prompt class':<28}{'side':<40}{'tok/s':>8}{'accept':>8}{'x plain':>9}{'x llama.cpp':>12}"
+          f"  adaptive: (verified drafts, explored, off) per round")
     for label, sides in results.items():
         plain = sides["plain"]["tps"]
         programs = {ours_key: prog for ours_key, prog in PAIRS if ours_key in sides}
@@ -151,7 +165,8 @@ def report(title: str, results: dict[str, dict[str, Any]]) -> None:
             vs_plain = f"{r['tps'] / plain:.2f}" if plain and key != "plain" else ""
             prog = programs.get(key)
             vs_prog = f"{r['tps'] / sides[prog]['tps']:.2f}" if prog and sides[prog]["tps"] else ""
-            print(f"{label:<28}{key:<40}{r['tps']:>8.1f}{r['acceptance']:>8.2f}{vs_plain:>9}{vs_prog:>12}")
+            decided = r["decided"] if key.startswith("ours") and not key.endswith("fixed") else ""
+            print(f"{label:<28}{key:<40}{r['tps']:>8.1f}{r['acceptance']:>8.2f}{vs_plain:>9}{vs_prog:>12}  {decided}")
             label = ""
 
 
@@ -162,9 +177,10 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=default_threads())
     ap.add_argument("--pair", action="store_true", help="also the Qwen2.5-Coder 1.5B + 0.5B pair (heavy)")
     ap.add_argument("--fixed", action="store_true", help="speculate with adaptive=False (always n_max drafts)")
+    ap.add_argument("--both", action="store_true", help="each of our speculative sides adaptive and fixed")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
-    ADAPTIVE["adaptive"] = not args.fixed
+    MODES[:] = [True, False] if args.both else [not args.fixed]
     model = wb.fetch_default_model()
     out: dict[str, Any] = {"threads": args.threads, "rounds": args.rounds, "n_predict": args.n_predict}
     mid = wb.load_model(model_path=str(model), n_threads=args.threads, n_seq_max=2, n_ctx=4096)
@@ -174,8 +190,9 @@ def main() -> int:
                         for label, p in PROMPTS.items()}
     finally:
         wb.unload(mid)
+    modes = "adaptive and fixed" if args.both else "fixed" if args.fixed else "adaptive"
     print(f"{model.name}, {args.threads} threads, {args.rounds} alternating rounds, {args.n_predict} tokens, "
-          f"greedy, drafts of at most {N_DRAFT} ({'fixed' if args.fixed else 'adaptive'}), "
+          f"greedy, drafts of at most {N_DRAFT} ({modes}), "
           f"llama.cpp {wb._native.llama_commit[:10]}")
     report("n-gram self-speculation, default model", out["ngram"])
     if args.pair:
