@@ -120,8 +120,8 @@ def chat_scenario(args: argparse.Namespace) -> dict:
                 first = store.missing(r.meta.namespace, r.meta.tokens)
                 pieces = kv_chunks.cut_state(ctx, r.payload, ks, cs, first)
                 store.put_row(r.meta.namespace, r.meta.fingerprint, r.meta.tokens, pieces, r.meta.reason)
-                _, back = store.read_row(r.meta.key)
-                exact += kv_chunks.join(ctx, back, ks) == r.payload
+                _, served_by, back = store.read_row(r.meta.key)
+                exact += kv_chunks.join(ctx, back, served_by, r.meta.n_tokens) == r.payload
             out["chunked"][cs] = {"bytes": store.used, "x": store.used / raw, "chunks": len(store.chunks),
                                   "joins_equal_to_rows": exact}
         ctx.close()

@@ -194,8 +194,8 @@ def test_engine_rows_of_a_chat_stored_as_chunks_share_their_prefix(model, model_
             pieces = kv_chunks.cut_state(ctx, row.payload, ks, 64, first)
             store.put_row(row.meta.namespace, row.meta.fingerprint, row.meta.tokens, pieces, row.meta.reason)
         for row in rows:
-            _, back = store.read_row(row.meta.key)
-            assert kv_chunks.join(ctx, back, chunk_keys(row.meta.namespace, row.meta.tokens, 64)) == row.payload
+            m, served_by, back = store.read_row(row.meta.key)
+            assert kv_chunks.join(ctx, back, served_by, m.n_tokens) == row.payload
         assert store.counters.get("chunks_shared") > 0
         assert store.used < 0.8 * sum(f.stat().st_size for f in files)
         ctx.close()

@@ -26,9 +26,12 @@ CS = 4
 
 
 def payloads(tokens: list[int], first: int = 0) -> list[bytes]:
-    """A stand-in chunk payload per chunk: its tokens repeated (distinct per chunk key)."""
-    keys_ = keys.chunk_keys(NS, tokens, CS)
-    return [k * (100 + i) for i, k in enumerate(keys_)][first:]
+    """A stand-in chunk payload per chunk: its key repeated (distinct per chunk key)."""
+    return stand_ins(keys.chunk_keys(NS, tokens, CS))[first:]
+
+
+def stand_ins(chunk_keys) -> list[bytes]:
+    return [k * (100 + i) for i, k in enumerate(chunk_keys)]
 
 
 def put(store: ChunkStore, tokens: list[int], **kw) -> str | None:
@@ -44,15 +47,21 @@ def test_a_shared_prefix_is_stored_once_and_rows_read_back(tmp_path):
     turns = [list(range(n)) for n in (6, 10, 13, 20)]  # a conversation growing turn by turn
     for t in turns:
         assert put(store, t) == keys.row_key(NS, t)
-    # distinct full chunks: 0..4, 4..8, 8..12, 12..16, 16..20, plus the tails 4..6, 8..10, 12..13
-    assert len(files(store.root, CHUNK_SUFFIX)) == 8
+    # the distinct chunks 0..4, 4..8, 8..12, 12..16, 16..20: each row's tail (4..6, 8..10,
+    # 12..13) went when the next turn stored the full chunk holding the same positions
+    assert len(files(store.root, CHUNK_SUFFIX)) == 5
+    assert store.counters.get("tails_absorbed") == 3
     assert len(files(store.root, MANIFEST_SUFFIX)) == 4
     assert store.counters.get("chunks_shared") == 1 + 2 + 3
     for t in turns:
-        m, got = store.read_row(keys.row_key(NS, t))
-        assert got == payloads(t) and m.n_tokens == len(t)
+        m, served_by, got = store.read_row(keys.row_key(NS, t))
+        own = keys.chunk_keys(NS, t, CS)
+        assert served_by[:-1] == tuple(own[:-1]) and m.n_tokens == len(t)
+        assert served_by[-1] == keys.chunk_keys(NS, turns[-1], CS)[len(own) - 1]  # the full chunk
+        assert got == stand_ins(served_by)
     first = keys.chunk_keys(NS, turns[0], CS)[0]
     assert store.chunks[first].refcount == 4
+    assert store.chunks[keys.chunk_keys(NS, turns[-1], CS)[1]].refcount == 4  # 6 (first positions), 10, 13, 20
     assert store.used == sum(p.stat().st_size for p in store.root.iterdir())
 
 
@@ -65,6 +74,10 @@ def test_lookup_finds_rows_and_chains_of_full_chunks(tmp_path):
     m = store.lookup(NS, list(range(9)) + [77, 78])
     assert m is not None and (m.n_tokens, m.key) == (8, None)
     assert store.read_chunks(m.chunks) == payloads(list(range(10)))[:2]
+    # a shorter prompt row stored later is served by the first positions of the stored tail
+    assert store.missing(NS, list(range(9))) == 3
+    put(store, list(range(9)))
+    assert store.read_row(keys.row_key(NS, list(range(9))))[1] == tuple(keys.chunk_keys(NS, list(range(10)), CS))
     assert store.lookup(bytes(32), list(range(10))) is None  # another namespace
 
 
@@ -99,13 +112,25 @@ def test_scan_adopts_verified_rows_rejects_old_versions_and_collects_orphans(tmp
     rejected = fresh.scan()
     assert rejected == {"bad_version": 1, "missing_chunk": 1, "truncated": 1}
     assert list(fresh.rows) == [keys.row_key(NS, a)]
-    assert fresh.read_row(keys.row_key(NS, a))[1] == payloads(a)
+    assert fresh.read_row(keys.row_key(NS, a))[2] == payloads(a)
     # the other row's later chunks lost their parent: collected, not adopted
     assert fresh.counters.get("orphans_removed") == 2
     assert sorted(p.name for p in root.iterdir()) == sorted(
         [k.hex() + CHUNK_SUFFIX for k in keys.chunk_keys(NS, a, CS)] + [keys.row_key(NS, a) + MANIFEST_SUFFIX])
     assert fresh.used == store.used - sum(
         store.chunks[k].size for k in keys.chunk_keys(NS, list(range(30, 40)), CS)) - 160 - 40 - 48
+
+
+def test_scan_absorbs_a_tail_a_killed_writer_left_beside_its_cover(tmp_path):
+    root = tmp_path / "d"
+    short, long = list(range(6)), list(range(12))
+    put(ChunkStore(root, chunk_size=CS), short)
+    put(ChunkStore(root, chunk_size=CS), long)  # a process that did not know the short row
+    assert len(files(root, CHUNK_SUFFIX)) == 4
+    fresh = ChunkStore(root, chunk_size=CS)
+    assert fresh.scan() == {}
+    assert len(files(root, CHUNK_SUFFIX)) == 3 and fresh.counters.get("tails_absorbed") == 1
+    assert fresh.read_row(keys.row_key(NS, short))[2] == payloads(long)[:2]
 
 
 def test_eviction_takes_leaves_first_and_keeps_pinned_rows(tmp_path):
@@ -173,7 +198,7 @@ def test_sigkill_mid_chain_leaves_only_rows_that_verify(tmp_path):
     assert rejected == {}  # a kill leaves tmp files and manifest-less chunks, never a bad file
     assert not tmp_files(root)
     assert store.rows
-    for key, m in store.rows.items():
-        _, got = store.read_row(key)
-        assert got == [k * 20_000 for k in m.chunks]
+    for key in store.rows:
+        _, served_by, got = store.read_row(key)
+        assert got == [k * 20_000 for k in served_by]
     assert os.listdir(root)

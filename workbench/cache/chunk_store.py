@@ -72,16 +72,20 @@ DEFAULT_CHUNK_SIZE = 256
 class ChunkInfo:
     key: bytes
     parent: bytes | None
-    n_tokens: int
+    anchor: bytes       # the parent's key, or the namespace digest for a first chunk
+    tokens: bytes
     size: int
     full: bool
     stats: RowStats
     rows: set[str] = field(default_factory=set)
-    children: int = 0
 
     @property
     def refcount(self) -> int:
         return len(self.rows)
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.tokens) // 4
 
 
 @dataclass(slots=True, frozen=True)
@@ -110,6 +114,8 @@ class ChunkStore:
         self.clock = clock
         self.chunks: dict[bytes, ChunkInfo] = {}
         self.rows: dict[str, Manifest] = {}
+        self.row_chunks: dict[str, tuple[bytes, ...]] = {}  # the chunks that serve each row
+        self.kids: dict[bytes, set[bytes]] = {}              # anchor -> the chunks continuing it
         self.index = PrefixIndex()
         self.used = 0
         self._seq = 0
@@ -129,29 +135,73 @@ class ChunkStore:
     def __contains__(self, key: object) -> bool:
         return key in self.rows
 
+    def children(self, key: bytes) -> int:
+        return len(self.kids.get(key, ()))
+
     def missing(self, namespace: bytes, tokens: keys.Tokens) -> int:
         """Index of the first chunk of a row of ``tokens`` not stored (its chunks before it
-        are): the caller cuts only the chunks from there (``kv_chunks.cut(first=...)``)."""
-        for i, k in enumerate(keys.chunk_keys(namespace, tokens, self.chunk_size)):
+        are): the caller cuts only the chunks from there (``kv_chunks.cut(first=...)``). A
+        tail chunk whose positions a stored chunk holds already (a longer row's) is not
+        missing: the row is served by that chunk's first positions."""
+        raw = keys.token_bytes(tokens)
+        ks = keys.chunk_keys(namespace, raw, self.chunk_size)
+        for i, k in enumerate(ks):
             if k not in self.chunks:
-                return i
-        return -(-len(keys.token_bytes(tokens)) // (4 * self.chunk_size))
+                tail = i == len(ks) - 1 and len(raw) % (4 * self.chunk_size)
+                anchor = ks[i - 1] if i else namespace
+                return i if not tail or self._cover(anchor, raw[4 * self.chunk_size * i:]) is None else len(ks)
+        return len(ks)
+
+    def _cover(self, anchor: bytes, tail: bytes) -> ChunkInfo | None:
+        """A stored chunk continuing ``anchor`` whose tokens extend ``tail``."""
+        for k in self.kids.get(anchor, ()):
+            c = self.chunks[k]
+            if len(c.tokens) > len(tail) and c.tokens.startswith(tail):
+                return c
+        return None
+
+    def _resolve(self, m: Manifest) -> tuple[bytes, ...] | None:
+        """The stored chunks that serve a row: its own, or for its tail a covering chunk."""
+        *head, last = m.chunks
+        if any(k not in self.chunks for k in head):
+            return None
+        if last in self.chunks:
+            return m.chunks
+        if m.n_tokens % m.chunk_size == 0:
+            return None
+        cover = self._cover(head[-1] if head else m.namespace, m.tokens[4 * m.chunk_size * len(head):])
+        return None if cover is None else (*head, cover.key)
 
     def _adopt_chunk(self, meta: ChunkMeta, size: int, created_at: float) -> ChunkInfo:
-        info = ChunkInfo(meta.key, meta.parent, meta.n_tokens, size, meta.n_tokens == self.chunk_size,
+        info = ChunkInfo(meta.key, meta.parent, meta.namespace if meta.parent is None else meta.parent,
+                         meta.tokens, size, meta.n_tokens == self.chunk_size,
                          RowStats(meta.key.hex(), size, meta.n_tokens, created_at, seq=self._tick()))
         self.chunks[meta.key] = info
         self.used += size
-        if meta.parent is not None:
-            self.chunks[meta.parent].children += 1
+        self.kids.setdefault(info.anchor, set()).add(meta.key)
         return info
 
-    def _adopt_row(self, m: Manifest) -> None:
+    def _adopt_row(self, m: Manifest, served_by: tuple[bytes, ...]) -> None:
         self.rows[m.key] = m
+        self.row_chunks[m.key] = served_by
         self.index.insert(m.namespace, m.tokens, m.key)
-        for k in m.chunks:
+        for k in served_by:
             self.chunks[k].rows.add(m.key)
-        self._protect(m.chunks)
+        self._protect(served_by)
+
+    def _absorb(self, c: ChunkInfo) -> None:
+        """Tail chunks whose positions ``c`` holds too go; their rows are served by ``c``."""
+        for k in list(self.kids.get(c.anchor, ())):
+            t = self.chunks[k]
+            if t is c or t.full or len(t.tokens) >= len(c.tokens) or not c.tokens.startswith(t.tokens):
+                continue
+            for r in t.rows:
+                c.rows.add(r)
+                self.row_chunks[r] = (*self.row_chunks[r][:-1], c.key)
+            t.rows.clear()
+            self._drop_chunk(k)
+            self.counters.inc("tails_absorbed")
+        self._protect([c.key])
 
     def _protect(self, chunk_keys: Sequence[bytes]) -> None:
         for k in chunk_keys:
@@ -174,23 +224,29 @@ class ChunkStore:
         now = self.clock()
         metas = chunks_of(namespace, fingerprint, raw, self.chunk_size, now)
         first = len(metas) - len(pieces)
-        if first < 0 or any(m.key not in self.chunks for m in metas[:first]):
+        if first < 0 or first > self.missing(namespace, raw):
             raise ValueError(f"{len(pieces)} chunk payloads for a row whose stored chunks end before chunk {first}")
         manifest = Manifest(key, namespace, fingerprint, raw, self.chunk_size, tuple(m.key for m in metas),
                             SaveReason(reason), now, 0, pinned)
-        new = [(m, p) for m, p in zip(metas[first:], pieces) if m.key not in self.chunks]
+        covered = self.missing(namespace, raw) == len(metas)
+        new = [(m, p) for m, p in zip(metas[first:], pieces) if m.key not in self.chunks and not covered]
         need = sum(chunk_file_size(m.n_tokens, len(p)) for m, p in new) + manifest_size(len(raw) // 4, len(metas))
-        if not self._make_room(need, keep=set(manifest.chunks)):
+        if not self._make_room(need, keep=set(manifest.chunks) | set(self._resolve(manifest) or ())):
             self.counters.inc("saves_too_large")
             return None
+        written = []
         for m, p in new:
             publish_file(self.root, self._chunk_path(m.key), m.key.hex(), (encode_chunk(m, p), p))
-            self._adopt_chunk(m, chunk_file_size(m.n_tokens, len(p)), now)
+            written.append(self._adopt_chunk(m, chunk_file_size(m.n_tokens, len(p)), now))
             self.counters.inc("chunks_written")
         self.counters.inc("chunks_shared", len(metas) - len(new))
         publish_file(self.root, self._manifest_path(key), key, (encode_manifest(manifest),))
         self.used += manifest_size(manifest.n_tokens, len(metas))
-        self._adopt_row(manifest)
+        served_by = self._resolve(manifest)
+        assert served_by is not None
+        self._adopt_row(manifest, served_by)
+        for c in written:
+            self._absorb(c)
         if pinned:
             self.pin(key)
         self.counters.inc(f"saves_{SaveReason(reason).name.lower()}")
@@ -209,7 +265,7 @@ class ChunkStore:
             os.replace(tmp, self._manifest_path(key))
             fsync_dir(self.root)
             self.rows[key] = m
-        self._protect(m.chunks)
+        self._protect(self.row_chunks[key])
 
     # --- reading -----------------------------------------------------------------------
 
@@ -219,7 +275,7 @@ class ChunkStore:
         best: ChunkMatch | None = None
         match = self.index.longest_prefix(namespace, raw)
         if match is not None:
-            best = ChunkMatch(match.n_tokens, self.rows[match.key].chunks, match.key)
+            best = ChunkMatch(match.n_tokens, self.row_chunks[match.key], match.key)
         full = keys.chain_hashes(namespace, raw, self.chunk_size)
         depth = 0
         while depth < len(full) and full[depth] in self.chunks:
@@ -254,9 +310,12 @@ class ChunkStore:
             getattr(self.policy, "on_hit", lambda row: None)(stats)
         return out
 
-    def read_row(self, key: str, max_payload: int | None = None) -> tuple[Manifest, list[bytes]]:
+    def read_row(self, key: str, max_payload: int | None = None) -> tuple[Manifest, tuple[bytes, ...], list[bytes]]:
+        """(manifest, the keys of the chunks that serve it, their verified payloads); join them
+        with ``n_tokens=manifest.n_tokens`` (a covering chunk holds more positions)."""
         m = self.rows[key]
-        return m, self.read_chunks(m.chunks, max_payload)
+        served_by = self.row_chunks[key]
+        return m, served_by, self.read_chunks(served_by, max_payload)
 
     # --- removing and evicting ---------------------------------------------------------
 
@@ -271,16 +330,17 @@ class ChunkStore:
         m = self.rows.pop(key, None)
         if m is None:
             return False
+        served_by = self.row_chunks.pop(key)
         self.index.remove(key)
         unlink_quietly(self._manifest_path(key))
         self.used -= manifest_size(m.n_tokens, len(m.chunks))
-        for k in m.chunks:
+        for k in served_by:
             info = self.chunks.get(k)
             if info is not None:
                 info.rows.discard(key)
-        self._protect([k for k in m.chunks if k in self.chunks])
-        tail = self.chunks.get(m.chunks[-1])
-        if tail is not None and not tail.full and not tail.rows and not tail.children:
+        self._protect([k for k in served_by if k in self.chunks])
+        tail = self.chunks.get(served_by[-1])
+        if tail is not None and not tail.full and not tail.rows and not self.children(tail.key):
             self._drop_chunk(tail.key)
         return True
 
@@ -289,21 +349,25 @@ class ChunkStore:
         info = self.chunks.get(key)
         if info is None:
             return
-        for child in [c for c in self.chunks.values() if c.parent == key]:
-            self._drop_chunk(child.key)
+        for child in list(self.kids.get(key, ())):
+            self._drop_chunk(child)
         for row in list(info.rows):
             self.remove_row(row)
         if key not in self.chunks:  # removing the rows dropped it as an unnamed tail
             return
         del self.chunks[key]
         self.used -= info.size
-        if info.parent is not None and info.parent in self.chunks:
-            self.chunks[info.parent].children -= 1
+        self.kids.pop(key, None)
+        siblings = self.kids.get(info.anchor)
+        if siblings is not None:
+            siblings.discard(key)
+            if not siblings:
+                del self.kids[info.anchor]
         unlink_quietly(self._chunk_path(key))
 
     def leaves(self) -> list[ChunkInfo]:
         """Chunks no stored chunk continues: the only ones eviction may take."""
-        return [c for c in self.chunks.values() if c.children == 0]
+        return [c for c in self.chunks.values() if not self.children(c.key)]
 
     def score(self, info: ChunkInfo) -> float:
         return self.policy.priority(info.stats, self.clock())
@@ -380,14 +444,17 @@ class ChunkStore:
                 continue
         self._adopt_chains(chunk_files, reject)
         for path, m in manifests:
-            if m.key in self.rows:
-                continue
-            if not all(k in self.chunks for k in m.chunks):
-                reject(path, "missing_chunk")
+            served_by = None if m.key in self.rows else self._resolve(m)
+            if served_by is None:
+                if m.key not in self.rows:
+                    reject(path, "missing_chunk")
                 continue
             self.used += manifest_size(m.n_tokens, len(m.chunks))
-            self._adopt_row(m)
-        for info in [c for c in self.chunks.values() if not c.full and not c.rows and not c.children]:
+            self._adopt_row(m, served_by)
+        for info in list(self.chunks.values()):
+            if info.key in self.chunks:
+                self._absorb(info)  # a writer killed between a chunk and the absorption
+        for info in [c for c in self.chunks.values() if not c.full and not c.rows and not self.children(c.key)]:
             self.counters.inc("orphans_removed")
             self._drop_chunk(info.key)
         return rejected
@@ -414,7 +481,7 @@ class ChunkStore:
         """One dict per chunk: key, parent, tokens, bytes, refcount, children, score, tier."""
         return [{"key": c.key.hex(), "parent": c.parent.hex() if c.parent else None,
                  "n_tokens": c.n_tokens, "size_bytes": c.size, "refcount": c.refcount,
-                 "children": c.children, "leaf": c.children == 0, "protected": c.stats.protected,
+                 "children": self.children(c.key), "leaf": not self.children(c.key), "protected": c.stats.protected,
                  "score": self.score(c), "hits": c.stats.hits, "tier": self.root.name}
                 for c in self.chunks.values()]
 
@@ -422,8 +489,9 @@ class ChunkStore:
         """One dict per row: key, tokens, chunks, bytes (its own share: chunks no other row names)."""
         out = []
         for m in self.rows.values():
-            own = sum(self.chunks[k].size for k in m.chunks if self.chunks[k].refcount == 1)
+            served_by = self.row_chunks[m.key]
+            own = sum(self.chunks[k].size for k in served_by if self.chunks[k].refcount == 1)
             out.append({"key": m.key, "n_tokens": m.n_tokens, "n_chunks": len(m.chunks),
-                        "bytes": sum(self.chunks[k].size for k in m.chunks), "own_bytes": own,
+                        "bytes": sum(self.chunks[k].size for k in served_by), "own_bytes": own,
                         "reason": m.reason.name.lower(), "pinned": m.pinned})
         return out
