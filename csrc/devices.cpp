@@ -1,11 +1,14 @@
 // The machine as ggml sees it: its backend devices (type, memory) and where a context's
-// model, KV cache and compute buffers live (llama.cpp's memory breakdown).
+// model weights and KV cache live (llama.cpp's memory breakdown of each).
 #include "native.h"
 
 #include <pybind11/stl.h>
 
 #include "ggml-backend.h"
-#include "../vendor/llama.cpp/src/llama-ext.h"
+#include "../vendor/llama.cpp/src/llama-model.h"  // llama_model / llama_memory_i::memory_breakdown
+
+#include <map>
+#include <utility>
 
 namespace wb {
 
@@ -42,19 +45,25 @@ py::list devices() {
 }
 
 // Per buffer type of a context: the device it belongs to (None: host memory), its kind, and
-// the bytes held for the model's weights, the context (KV cache) and compute buffers.
+// the bytes held for the model's weights and for the context's KV cache. Both are allocated
+// once (at load, at context creation) and only read here, so this is safe while another
+// thread decodes; the compute buffers are left out: a decode may reallocate them.
 py::list memory_breakdown(const Context & ctx) {
+    std::map<ggml_backend_buffer_type_t, std::pair<size_t, size_t>> parts;  // (model, context)
+    for (const auto & [buft, size] : ctx.model->get()->memory_breakdown()) parts[buft].first += size;
+    if (llama_memory_t mem = llama_get_memory(ctx.get())) {
+        for (const auto & [buft, size] : mem->memory_breakdown()) parts[buft].second += size;
+    }
     py::list out;
-    for (const auto & [buft, mb] : llama_get_memory_breakdown(ctx.get())) {
+    for (const auto & [buft, bytes] : parts) {
         ggml_backend_dev_t dev = ggml_backend_buft_get_device(buft);
         py::dict d;
         d["buffer"] = ggml_backend_buft_name(buft);
         d["device"] = dev == nullptr ? py::object(py::none()) : py::object(py::str(ggml_backend_dev_name(dev)));
         d["kind"] = dev == nullptr ? "cpu" : kind_name(ggml_backend_dev_type(dev));
         d["host"] = ggml_backend_buft_is_host(buft);
-        d["model"] = mb.model;
-        d["context"] = mb.context;
-        d["compute"] = mb.compute;
+        d["model"] = bytes.first;
+        d["context"] = bytes.second;
         out.append(d);
     }
     return out;
@@ -65,7 +74,8 @@ py::list memory_breakdown(const Context & ctx) {
 void bind_devices(py::module_ & m) {
     m.def("devices", &devices, "ggml's backend devices: name, description, kind, free and total bytes.");
     m.def("memory_breakdown", &memory_breakdown, py::arg("ctx"),
-          "Where a context's bytes live, per buffer type: buffer, device, kind, host, model, context, compute.");
+          "Where a context's model weights and KV cache live, per buffer type: buffer, device, kind, host, "
+          "model, context (bytes). Safe while the context decodes (compute buffers are left out).");
 }
 
 }  // namespace wb

@@ -19,8 +19,9 @@ def devices() -> list[dict[str, Any]]:
     """ggml's backend devices: name, description, kind ('cpu' | 'gpu' | 'igpu' | 'accel' | 'meta'),
     free and total bytes as the backend reports them."""
 def memory_breakdown(ctx: Context) -> list[dict[str, Any]]:
-    """Where a context's bytes live, per buffer type: buffer, device (None: host), kind, host,
-    model, context (KV cache) and compute bytes (llama.cpp's memory breakdown)."""
+    """Where a context's model weights and KV cache live, per buffer type: buffer, device (None:
+    host), kind, host, model and context (KV cache) bytes (llama.cpp's memory breakdown). Safe
+    while the context decodes: compute buffers, which a decode may reallocate, are left out."""
 def gguf_context_length(path: str) -> int: ...
 def gguf_check(path: str) -> str | None:
     """None if path is a structurally sound GGUF file, else what is wrong with it."""

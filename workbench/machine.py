@@ -34,9 +34,9 @@ def vram_info() -> dict[str, Any]:
 
 
 def vram_estimate_b(ctx: Any) -> int:
-    """Bytes a context's model weights, KV cache and compute buffers hold on GPU devices
-    (llama.cpp's memory breakdown); 0 on a CPU build."""
-    return sum(b["model"] + b["context"] + b["compute"] for b in _native.memory_breakdown(ctx)
+    """Bytes a context's model weights and KV cache hold on GPU devices (llama.cpp's memory
+    breakdown; compute buffers, which a decode may reallocate, are not read); 0 on a CPU build."""
+    return sum(b["model"] + b["context"] for b in _native.memory_breakdown(ctx)
                if b["kind"] in GPU_KINDS and not b["host"])
 
 

@@ -91,3 +91,24 @@ def test_option_names_of_an_unknown_kind(kind):
     with pytest.raises(InvalidOption) as e:
         wb.option_names(kind)
     assert e.value.key == "kind" and "'load', 'request', 'chat'" in str(e.value)
+
+
+def test_memory_breakdown_counts_the_weights_and_the_kv_cache(model_path):
+    """What vram_estimate_b sums: the weights (the model's size, give or take buffer padding)
+    and a KV cache that grows with n_ctx, each on the device that holds it (here the host)."""
+    from workbench import registry
+
+    kv = {}
+    for n_ctx in (512, 1024):
+        m = wb.load_model(model_path=str(model_path), n_ctx=n_ctx, n_seq_max=1, cache=False)
+        try:
+            parts = _native.memory_breakdown(registry.get(m).ctx)
+            size = wb.model_info(m)["size_bytes"]
+            weights = sum(p["model"] for p in parts)
+            assert size <= weights <= size * 1.05
+            kv[n_ctx] = sum(p["context"] for p in parts)
+            if not gpu_devices():
+                assert all(p["host"] and p["kind"] == "cpu" for p in parts if p["model"] or p["context"])
+        finally:
+            wb.unload(m)
+    assert kv[512] > 0 and kv[1024] == 2 * kv[512]
