@@ -17,19 +17,20 @@ from .errors import InvalidOption
 from .options import check_bool, check_int, check_number
 
 
-def configure_cache(tiers: Sequence[Mapping[str, Any]], policy: Any = "frecency", writer_workers: int = 2,
-                    writer_queue: int = 8) -> dict[str, Any]:
+def configure_cache(tiers: Sequence[Mapping[str, Any]], policy: Any = "frecency", writer_workers: int | None = None,
+                    writer_queue: int | None = None) -> dict[str, Any]:
     """Replace the cache with these tiers (fastest first), e.g.
     ``[{'kind': 'ram', 'budget_bytes': 2**30}, {'kind': 'shm', 'budget_bytes': 4 * 2**30},
     {'kind': 'disk', 'root': '~/kv', 'budget_bytes': 50 * 2**30}]``. Persistent tiers are
     scanned: valid rows from before a restart are adopted, corrupt files removed and counted.
     Background saves run on ``writer_workers`` threads, at most ``writer_queue`` queued or
-    running (a save past that is dropped and counted as saves_dropped)."""
+    running (a save past that is dropped and counted as saves_dropped); None = the cache's
+    defaults (2 and 8, TieredCache)."""
     if isinstance(tiers, (Mapping, str, bytes)) or not isinstance(tiers, Sequence) or not tiers:
         raise InvalidOption("tiers", tiers, "a non-empty list of tier dicts", "cache")
     _check_policy("policy", policy, none_ok=False)
-    check_int("writer_workers", writer_workers, 1, 64, where="cache")
-    check_int("writer_queue", writer_queue, 1, 65536, where="cache")
+    check_int("writer_workers", writer_workers, 1, 64, none_ok=True, where="cache")
+    check_int("writer_queue", writer_queue, 1, 65536, none_ok=True, where="cache")
     for i, spec in enumerate(tiers):
         if isinstance(spec, Mapping):
             _check_tier_names(f"tiers[{i}].", spec.get("name"), spec.get("policy"))

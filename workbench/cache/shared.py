@@ -26,14 +26,17 @@ def shared_cache() -> TieredCache:
         return _cache
 
 
-def configure(tiers: Sequence[Mapping[str, Any]], policy: Any = "frecency", writer_workers: int = 2,
-              writer_queue: int = 8) -> TieredCache:
+def configure(tiers: Sequence[Mapping[str, Any]], policy: Any = "frecency", writer_workers: int | None = None,
+              writer_queue: int | None = None) -> TieredCache:
     """Replace the shared cache with one built from tier specs (fastest first); persistent
     tiers are scanned, so rows saved before a restart are adopted (and bad files removed).
-    Its writer pool: ``writer_workers`` threads, ``writer_queue`` saves queued or running."""
+    Its writer pool: ``writer_workers`` threads, ``writer_queue`` saves queued or running
+    (None: TieredCache's defaults)."""
     global _cache
     built: list[Tier | tuple[Tier, Any]] = [(make_tier(spec), spec.get("policy")) for spec in tiers]
-    cache = TieredCache(built, policy=policy, save_workers=writer_workers, max_pending_saves=writer_queue)
+    pool: dict[str, Any] = {k: v for k, v in (("save_workers", writer_workers), ("max_pending_saves", writer_queue))
+                            if v is not None}
+    cache = TieredCache(built, policy=policy, **pool)
     cache.scan()
     with _lock:
         old, _cache = _cache, cache

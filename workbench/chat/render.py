@@ -13,6 +13,7 @@ from .. import _native
 from ..engine.tokens import tokenize_within
 from ..errors import InvalidOption, NoChatTemplate
 from ..options import ChatOptions
+from ..options.load import CHAT_TEMPLATE_CACHE
 from .messages import normalize_messages, normalize_tools
 from .probe import check_template
 
@@ -21,7 +22,7 @@ class TemplateCache:
     recently used kept (the load option ``chat_template_cache``); owned by the model's
     engine (`Engine.attachment`)."""
 
-    def __init__(self, size: int = 8) -> None:
+    def __init__(self, size: int = CHAT_TEMPLATE_CACHE) -> None:
         self.size = size
         self.lock = threading.Lock()
         self.by_source: collections.OrderedDict[str | None, Any] = collections.OrderedDict()

@@ -15,6 +15,8 @@ KV_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0"
 
 BATCH_STRATEGIES = ("decode_first", "prefill_first", "round_robin")
 
+CHAT_TEMPLATE_CACHE = 8  # parsed chat templates kept per model (chat.render.TemplateCache)
+
 
 def _batch_strategy(key: str, v: Any, where: str) -> Any:
     """A built-in strategy's name, or an object with a callable ``plan(active, budget)``
@@ -103,7 +105,8 @@ class LoadConfig:
     embed_n_ctx: int | None = opt(None, as_int(8, none_ok=True),
                                   "tokens one embedding decode holds; None = min(n_ctx_train, 2048)")
     embed_n_seq_max: int = opt(16, as_int(1, 256), "sequences packed into one embedding decode")
-    chat_template_cache: int = opt(8, as_int(1, 1024), "parsed chat templates kept per model (by source)")
+    chat_template_cache: int = opt(CHAT_TEMPLATE_CACHE, as_int(1, 1024),
+                                   "parsed chat templates kept per model (by source)")
 
     def __post_init__(self) -> None:
         check_load_mode(self)
