@@ -39,7 +39,7 @@ class Model:
     eot: int
     add_bos: bool
     add_eos: bool
-    n_ctx_train: int
+    n_ctx_train: int  # as the file states, read at load (llama.cpp may rescale its own copy for YaRN)
     n_embd: int
     n_layer: int
     n_head: int
