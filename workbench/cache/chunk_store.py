@@ -32,11 +32,11 @@ import heapq
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from workbench.cache import keys
+from workbench.cache.chunk_catalog import ChunkCatalog, ChunkInfo
 from workbench.cache.chunk_format import (
     CHUNK_SUFFIX,
     MANIFEST_SUFFIX,
@@ -53,7 +53,6 @@ from workbench.cache.chunk_format import (
 from workbench.cache.counters import Counters
 from workbench.cache.format import CorruptReason, CorruptRow
 from workbench.cache.policies import EvictionPolicy, get_policy
-from workbench.cache.prefix_index import PrefixIndex
 from workbench.cache.store import (
     ROW_SUFFIX,
     TMP_MARK,
@@ -63,64 +62,26 @@ from workbench.cache.store import (
     publish_file,
     unlink_quietly,
 )
-from workbench.cache.types import RowStats, SaveReason
+from workbench.cache.types import SaveReason
 
 DEFAULT_CHUNK_SIZE = 256
 
 
-@dataclass(slots=True)
-class ChunkInfo:
-    key: bytes
-    parent: bytes | None
-    anchor: bytes       # the parent's key, or the namespace digest for a first chunk
-    tokens: bytes
-    size: int
-    full: bool
-    stats: RowStats
-    rows: set[str] = field(default_factory=set)
-
-    @property
-    def refcount(self) -> int:
-        return len(self.rows)
-
-    @property
-    def n_tokens(self) -> int:
-        return len(self.tokens) // 4
-
-
-@dataclass(slots=True, frozen=True)
-class ChunkMatch:
-    """The longest stored prefix of a prompt: ``n_tokens`` held by ``chunks`` (the row
-    ``key`` when a manifest matched, None for a chain of full chunks)."""
-
-    n_tokens: int
-    chunks: tuple[bytes, ...]
-    key: str | None
-
-
-class ChunkStore:
+class ChunkStore(ChunkCatalog):
     """Rows as manifests over content-addressed chunks in one private directory."""
 
     def __init__(self, root: str | os.PathLike[str], budget_bytes: int | None = None, *,
                  chunk_size: int = DEFAULT_CHUNK_SIZE, policy: Any = "lru",
                  counters: Counters | None = None, clock: Callable[[], float] = time.time) -> None:
-        if chunk_size < 1:
-            raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+        super().__init__(chunk_size)
         self.root = ensure_private_dir(Path(root))
         self.budget = budget_bytes
-        self.chunk_size = chunk_size
         self.policy: EvictionPolicy = get_policy(policy)
         self.counters = counters or Counters()
         self.clock = clock
-        self.chunks: dict[bytes, ChunkInfo] = {}
-        self.rows: dict[str, Manifest] = {}
-        self.row_chunks: dict[str, tuple[bytes, ...]] = {}  # the chunks that serve each row
-        self.kids: dict[bytes, set[bytes]] = {}              # anchor -> the chunks continuing it
-        self.index = PrefixIndex()
         self.used = 0
-        self._seq = 0
 
-    # --- paths and bookkeeping ---------------------------------------------------------
+    # --- paths -----------------------------------------------------------------------------
 
     def _chunk_path(self, key: bytes) -> Path:
         return self.root / f"{key.hex()}{CHUNK_SUFFIX}"
@@ -128,85 +89,16 @@ class ChunkStore:
     def _manifest_path(self, key: str) -> Path:
         return self.root / f"{key}{MANIFEST_SUFFIX}"
 
-    def _tick(self) -> int:
-        self._seq += 1
-        return self._seq
-
-    def __contains__(self, key: object) -> bool:
-        return key in self.rows
-
-    def children(self, key: bytes) -> int:
-        return len(self.kids.get(key, ()))
-
-    def missing(self, namespace: bytes, tokens: keys.Tokens) -> int:
-        """Index of the first chunk of a row of ``tokens`` not stored (its chunks before it
-        are): the caller cuts only the chunks from there (``kv_chunks.cut(first=...)``). A
-        tail chunk whose positions a stored chunk holds already (a longer row's) is not
-        missing: the row is served by that chunk's first positions."""
-        raw = keys.token_bytes(tokens)
-        ks = keys.chunk_keys(namespace, raw, self.chunk_size)
-        for i, k in enumerate(ks):
-            if k not in self.chunks:
-                tail = i == len(ks) - 1 and len(raw) % (4 * self.chunk_size)
-                anchor = ks[i - 1] if i else namespace
-                return i if not tail or self._cover(anchor, raw[4 * self.chunk_size * i:]) is None else len(ks)
-        return len(ks)
-
-    def _cover(self, anchor: bytes, tail: bytes) -> ChunkInfo | None:
-        """A stored chunk continuing ``anchor`` whose tokens extend ``tail``."""
-        for k in self.kids.get(anchor, ()):
-            c = self.chunks[k]
-            if len(c.tokens) > len(tail) and c.tokens.startswith(tail):
-                return c
-        return None
-
-    def _resolve(self, m: Manifest) -> tuple[bytes, ...] | None:
-        """The stored chunks that serve a row: its own, or for its tail a covering chunk."""
-        *head, last = m.chunks
-        if any(k not in self.chunks for k in head):
-            return None
-        if last in self.chunks:
-            return m.chunks
-        if m.n_tokens % m.chunk_size == 0:
-            return None
-        cover = self._cover(head[-1] if head else m.namespace, m.tokens[4 * m.chunk_size * len(head):])
-        return None if cover is None else (*head, cover.key)
-
     def _adopt_chunk(self, meta: ChunkMeta, size: int, created_at: float) -> ChunkInfo:
-        info = ChunkInfo(meta.key, meta.parent, meta.namespace if meta.parent is None else meta.parent,
-                         meta.tokens, size, meta.n_tokens == self.chunk_size,
-                         RowStats(meta.key.hex(), size, meta.n_tokens, created_at, seq=self._tick()))
-        self.chunks[meta.key] = info
         self.used += size
-        self.kids.setdefault(info.anchor, set()).add(meta.key)
-        return info
-
-    def _adopt_row(self, m: Manifest, served_by: tuple[bytes, ...]) -> None:
-        self.rows[m.key] = m
-        self.row_chunks[m.key] = served_by
-        self.index.insert(m.namespace, m.tokens, m.key)
-        for k in served_by:
-            self.chunks[k].rows.add(m.key)
-        self._protect(served_by)
+        return self.add_chunk(meta, size, created_at)
 
     def _absorb(self, c: ChunkInfo) -> None:
         """Tail chunks whose positions ``c`` holds too go; their rows are served by ``c``."""
-        for k in list(self.kids.get(c.anchor, ())):
-            t = self.chunks[k]
-            if t is c or t.full or len(t.tokens) >= len(c.tokens) or not c.tokens.startswith(t.tokens):
-                continue
-            for r in t.rows:
-                c.rows.add(r)
-                self.row_chunks[r] = (*self.row_chunks[r][:-1], c.key)
-            t.rows.clear()
-            self._drop_chunk(k)
+        for t in self.covered_tails(c):
+            self.move_rows(t, c)
+            self._drop_chunk(t.key)
             self.counters.inc("tails_absorbed")
-        self._protect([c.key])
-
-    def _protect(self, chunk_keys: Sequence[bytes]) -> None:
-        for k in chunk_keys:
-            info = self.chunks[k]
-            info.stats.pinned = any(self.rows[r].pinned for r in info.rows)
 
     # --- writing -----------------------------------------------------------------------
 
@@ -231,7 +123,7 @@ class ChunkStore:
         covered = self.missing(namespace, raw) == len(metas)
         new = [(m, p) for m, p in zip(metas[first:], pieces) if m.key not in self.chunks and not covered]
         need = sum(chunk_file_size(m.n_tokens, len(p)) for m, p in new) + manifest_size(len(raw) // 4, len(metas))
-        if not self._make_room(need, keep=set(manifest.chunks) | set(self._resolve(manifest) or ())):
+        if not self._make_room(need, keep=set(manifest.chunks) | set(self.resolve(manifest) or ())):
             self.counters.inc("saves_too_large")
             return None
         written = []
@@ -242,9 +134,9 @@ class ChunkStore:
         self.counters.inc("chunks_shared", len(metas) - len(new))
         publish_file(self.root, self._manifest_path(key), key, (encode_manifest(manifest),))
         self.used += manifest_size(manifest.n_tokens, len(metas))
-        served_by = self._resolve(manifest)
+        served_by = self.resolve(manifest)
         assert served_by is not None
-        self._adopt_row(manifest, served_by)
+        self.add_row(manifest, served_by)
         for c in written:
             self._absorb(c)
         if pinned:
@@ -265,24 +157,9 @@ class ChunkStore:
             os.replace(tmp, self._manifest_path(key))
             fsync_dir(self.root)
             self.rows[key] = m
-        self._protect(self.row_chunks[key])
+        self.protect(self.row_chunks[key])
 
     # --- reading -----------------------------------------------------------------------
-
-    def lookup(self, namespace: bytes, tokens: keys.Tokens) -> ChunkMatch | None:
-        """The longest stored prefix of ``tokens``: a row, or a chain of the prompt's full chunks."""
-        raw = keys.token_bytes(tokens)
-        best: ChunkMatch | None = None
-        match = self.index.longest_prefix(namespace, raw)
-        if match is not None:
-            best = ChunkMatch(match.n_tokens, self.row_chunks[match.key], match.key)
-        full = keys.chain_hashes(namespace, raw, self.chunk_size)
-        depth = 0
-        while depth < len(full) and full[depth] in self.chunks:
-            depth += 1
-        if depth and (best is None or depth * self.chunk_size > best.n_tokens):
-            best = ChunkMatch(depth * self.chunk_size, tuple(full[:depth]), None)
-        return best
 
     def read_chunks(self, chunk_keys: Sequence[bytes], max_payload: int | None = None) -> list[bytes]:
         """The payloads of a chain of chunks, each verified; CorruptRow (the bad chunk and
@@ -306,7 +183,7 @@ class ChunkStore:
             stats = self.chunks[k].stats
             stats.hits += 1
             stats.last_hit_at = now
-            stats.seq = self._tick()
+            stats.seq = self.tick()
             getattr(self.policy, "on_hit", lambda row: None)(stats)
         return out
 
@@ -327,18 +204,12 @@ class ChunkStore:
     def remove_row(self, key: str) -> bool:
         """Delete a row's manifest; its chunks stay while another row names them or, full
         ones, as servable prefixes; a tail chunk no row names goes."""
-        m = self.rows.pop(key, None)
-        if m is None:
+        popped = self.pop_row(key)
+        if popped is None:
             return False
-        served_by = self.row_chunks.pop(key)
-        self.index.remove(key)
+        m, served_by = popped
         unlink_quietly(self._manifest_path(key))
         self.used -= manifest_size(m.n_tokens, len(m.chunks))
-        for k in served_by:
-            info = self.chunks.get(k)
-            if info is not None:
-                info.rows.discard(key)
-        self._protect([k for k in served_by if k in self.chunks])
         tail = self.chunks.get(served_by[-1])
         if tail is not None and not tail.full and not tail.rows and not self.children(tail.key):
             self._drop_chunk(tail.key)
@@ -355,19 +226,9 @@ class ChunkStore:
             self.remove_row(row)
         if key not in self.chunks:  # removing the rows dropped it as an unnamed tail
             return
-        del self.chunks[key]
+        self.pop_chunk(key)
         self.used -= info.size
-        self.kids.pop(key, None)
-        siblings = self.kids.get(info.anchor)
-        if siblings is not None:
-            siblings.discard(key)
-            if not siblings:
-                del self.kids[info.anchor]
         unlink_quietly(self._chunk_path(key))
-
-    def leaves(self) -> list[ChunkInfo]:
-        """Chunks no stored chunk continues: the only ones eviction may take."""
-        return [c for c in self.chunks.values() if not self.children(c.key)]
 
     def score(self, info: ChunkInfo) -> float:
         return self.policy.priority(info.stats, self.clock())
@@ -444,13 +305,13 @@ class ChunkStore:
                 continue
         self._adopt_chains(chunk_files, reject)
         for path, m in manifests:
-            served_by = None if m.key in self.rows else self._resolve(m)
+            served_by = None if m.key in self.rows else self.resolve(m)
             if served_by is None:
                 if m.key not in self.rows:
                     reject(path, "missing_chunk")
                 continue
             self.used += manifest_size(m.n_tokens, len(m.chunks))
-            self._adopt_row(m, served_by)
+            self.add_row(m, served_by)
         for info in list(self.chunks.values()):
             if info.key in self.chunks:
                 self._absorb(info)  # a writer killed between a chunk and the absorption
@@ -479,19 +340,7 @@ class ChunkStore:
 
     def chunk_rows(self) -> list[dict[str, Any]]:
         """One dict per chunk: key, parent, tokens, bytes, refcount, children, score, tier."""
-        return [{"key": c.key.hex(), "parent": c.parent.hex() if c.parent else None,
-                 "n_tokens": c.n_tokens, "size_bytes": c.size, "refcount": c.refcount,
-                 "children": self.children(c.key), "leaf": not self.children(c.key), "protected": c.stats.protected,
-                 "score": self.score(c), "hits": c.stats.hits, "tier": self.root.name}
-                for c in self.chunks.values()]
+        return self.chunk_view(self.score, self.root.name)
 
     def row_views(self) -> list[dict[str, Any]]:
-        """One dict per row: key, tokens, chunks, bytes (its own share: chunks no other row names)."""
-        out = []
-        for m in self.rows.values():
-            served_by = self.row_chunks[m.key]
-            own = sum(self.chunks[k].size for k in served_by if self.chunks[k].refcount == 1)
-            out.append({"key": m.key, "n_tokens": m.n_tokens, "n_chunks": len(m.chunks),
-                        "bytes": sum(self.chunks[k].size for k in served_by), "own_bytes": own,
-                        "reason": m.reason.name.lower(), "pinned": m.pinned})
-        return out
+        return self.row_view()
