@@ -1,5 +1,6 @@
 """One real local Ray cluster for the directory: 2 replicas of the default model, 1 thread
-each (2 CPUs), sharing a disk cache tier in a temporary directory. Tests isolate their cache
+each (2 CPUs), sharing a disk cache tier in a temporary directory; Ray restarts a killed
+replica without limit (on a loaded machine a slow restart can use up a small budget). Tests isolate their cache
 rows by cache_scope (the tenant), so they do not depend on each other's rows."""
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ def shared_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def cluster(model_path: Path, shared_root: Path):
     import workbench.cluster as wc
 
-    c = wc.start(replicas=2, model=str(model_path), threads=1, n_ctx=2048, n_seq_max=2, max_restarts=2,
+    c = wc.start(replicas=2, model=str(model_path), threads=1, n_ctx=2048, n_seq_max=2, max_restarts=-1,
                  cache_tiers=[{"kind": "disk", "root": str(shared_root)}])
     yield c
     c.shutdown()

@@ -117,7 +117,7 @@ def test_cache_affinity_routes_each_tenant_prefix_to_the_replica_that_caches_it(
     where = [rec["replica"] for rec in log]
     assert where[1] == where[0] and where[4] == where[0]  # A's prefix stays where it is cached
     assert where[2] != where[0] and where[3] == where[2]  # B's new prefix goes to the other replica
-    assert "least loaded" in log[0]["reason"] and "least loaded" in log[2]["reason"]
+    assert log[0]["reason"] == log[2]["reason"] == "no prefix >= 10% cached: balance"
     for rec in (log[1], log[3], log[4]):
         assert rec["reason"] == "160 of 180 tokens cached"
         assert rec["probed"] == {rec["replica"]: (160, 0), **{k: (0, 0) for k in rec["probed"] if k != rec["replica"]}}
@@ -247,5 +247,4 @@ def test_a_request_with_no_token_yet_is_retried_once_on_another_replica(cluster,
     result = s.result()
     assert s.retried_from == victim and s.replica != victim
     assert result.finish_reason == "length" and len(result.tokens) == 4
-    assert result.model == s.replica
-    wait_all_up(cluster)
+    assert result.model == s.replica  # (the last test: the victim's restart is not awaited)

@@ -50,9 +50,31 @@ def test_cache_affinity_prefers_the_longest_exact_prefix_over_a_small_load_gap()
 
 def test_cache_affinity_below_min_match_goes_least_loaded():
     d = CacheAffinity(min_match=0.5).choose(REQ, facts((1, 0, 0), (0, 0, 40)))
-    assert d.replica == 1 and "least loaded" in d.reason
+    assert d == Decision(1, "no prefix >= 50% cached: balance")
     d = CacheAffinity(min_match=0.5).choose(REQ, facts((0, 0, 0), (1, 0, 40)))
     assert d.replica == 0
+
+
+def test_cache_affinity_balances_cheap_moves_but_keeps_a_conversation_where_it_is_cached():
+    ca = CacheAffinity(window=10, share_weight=1.0)
+    both = facts((0, 0, 60), (0, 0, 60))  # new chats under a system prompt both replicas hold
+    assert [ca.choose(REQ, both).replica for _ in range(4)] == [0, 1, 0, 1]
+    # turns of a chat cached on replica 0 (95 vs 60 tokens: 0.35 ahead) stay there until
+    # replica 0's excess of the last 10 picks passes 0.35: then one goes to replica 1
+    turns = [ca.choose(REQ, facts((0, 0, 95), (0, 0, 60))) for _ in range(6)]
+    assert [d.replica for d in turns] == [0, 0, 0, 0, 1, 0]
+    assert turns[4].reason == "60 of 100 tokens cached (balance over 95 on r0)"
+
+
+def test_cache_affinity_with_nothing_cached_goes_where_the_prefix_went_before():
+    ca = CacheAffinity()
+    tenant = RouteRequest(tuple(range(100)))
+    cold = facts((0, 0, 0), (0, 0, 0))
+    first = ca.choose(tenant, cold)
+    other = ca.choose(RouteRequest(tuple(range(500, 600))), cold)
+    assert other.replica != first.replica and other.reason == "no prefix >= 10% cached: balance"
+    again = ca.choose(RouteRequest(tuple(range(90)) + (7, 7)), cold)  # evicted everywhere since
+    assert again == Decision(first.replica, "nothing cached; sent here before (98%)")  # 90 of 92
 
 
 def test_cache_affinity_imbalance_guard_overrides_the_cache():

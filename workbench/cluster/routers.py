@@ -9,9 +9,9 @@ exact ``cached_prefix_len`` (and its engine's queue) first, in parallel.
     power_of_two     two replicas drawn at random (seeded), the less loaded one
     least_loaded     the least loaded; ties go to the one routed fewer requests
     cache_affinity   exact probes: the replica holding the longest cached prefix, scored
-                     against load (score = prefix/prompt - load_weight * load); below
-                     ``min_match`` or once the load is imbalanced (busiest > idlest +
-                     ``balance_abs`` and > ``balance_rel`` x idlest), least loaded
+                     against load and its recent share of requests (CacheAffinity's doc);
+                     once the load is imbalanced (busiest > idlest + ``balance_abs`` and
+                     > ``balance_rel`` x idlest), least loaded
     prefix_tree      the approximate baseline (SGLang's cache_aware, prefixtree.py):
                      guesses from the prompts it routed before
 
@@ -23,6 +23,7 @@ and ``name`` optional); a plain function works too.
 
 from __future__ import annotations
 
+import collections
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -124,34 +125,89 @@ def imbalanced(replicas: Sequence[ReplicaFacts], balance_abs: int, balance_rel: 
 
 
 class CacheAffinity:
-    """Exact prefix probes scored against load (see the module doc for the rule)."""
+    """Exact prefix probes scored against load and recent share (see the module doc).
+
+    score = prefix/prompt (0 below ``min_match``) - load_weight x in-flight
+            - share_weight x (its picks - the fewest picks of a replica) / ``window``
+    (picks counted over this router's last ``window`` decisions)
+
+    The share term keeps the spread of requests even when they come one at a time (then
+    every in-flight count is 0): a request whose best replica holds little more of it
+    than another (a new conversation under a system prompt both hold) goes where fewer
+    requests went lately, while a conversation's next turn (most of its prompt cached on
+    one replica) stays. Once in-flight loads are imbalanced (the anchors' guard), least
+    loaded. When no replica caches enough of the prompt (a new prefix, or one evicted
+    everywhere), the prompts it routed before decide (a prefix tree per replica, as the
+    approximate router keeps, matched above ``history_threshold``), then balance.
+    """
 
     name = "cache_affinity"
     probe = True
 
-    def __init__(self, min_match: float = 0.1, load_weight: float = 0.1, balance_abs: int = 4,
-                 balance_rel: float = 1.5) -> None:
+    def __init__(self, min_match: float = 0.1, load_weight: float = 0.1, share_weight: float = 1.0,
+                 window: int = 32, balance_abs: int = 4, balance_rel: float = 1.5, history_threshold: float = 0.3,
+                 max_tree_size: int = 1 << 20) -> None:
         where = "router option"
         self.min_match = check_number("min_match", min_match, 0.0, 1.0, where=where)
         self.load_weight = check_number("load_weight", load_weight, 0.0, None, where=where)
+        self.share_weight = check_number("share_weight", share_weight, 0.0, None, where=where)
+        self.window = check_int("window", window, 1, None, where=where)
         self.balance_abs = check_int("balance_abs", balance_abs, 0, None, where=where)
         self.balance_rel = check_number("balance_rel", balance_rel, 1.0, None, where=where)
+        self.history_threshold = check_number("history_threshold", history_threshold, 0.0, 1.0, where=where)
+        self.max_tree_size = check_int("max_tree_size", max_tree_size, 1, None, where=where)
+        self._recent: collections.deque[int] = collections.deque(maxlen=self.window)
+        self._trees: dict[tuple[int, str], PrefixTree] = {}
 
     def choose(self, request: RouteRequest, replicas: Sequence[ReplicaFacts]) -> Decision:
         if imbalanced(replicas, self.balance_abs, self.balance_rel):
             pick = least_loaded_of(replicas)
-            return Decision(pick.index, "load imbalanced: least loaded")
+            return self._chose(pick.index, "load imbalanced: least loaded")
         n = max(1, request.length)
+        recent = collections.Counter(self._recent)
+        fewest = min(recent[r.index] for r in replicas)
+
+        def match(r: ReplicaFacts) -> float:
+            m = (r.cached_prefix_len or 0) / n
+            return m if m >= self.min_match else 0.0
 
         def score(r: ReplicaFacts) -> float:
-            return (r.cached_prefix_len or 0) / n - self.load_weight * r.load
+            excess = (recent[r.index] - fewest) / self.window
+            return match(r) - self.load_weight * r.load - self.share_weight * excess
 
-        best = max(replicas, key=lambda r: (score(r), -r.load, -r.routed, -r.index))
-        cached = best.cached_prefix_len or 0
-        if cached / n < self.min_match:
-            pick = least_loaded_of(replicas)
-            return Decision(pick.index, f"no prefix >= {self.min_match:.0%} cached: least loaded")
-        return Decision(best.index, f"{cached} of {request.length} tokens cached")
+        best = max(replicas, key=lambda r: (score(r), -r.load, -recent[r.index], -r.index))
+        if match(best) == 0.0:
+            return self._unmatched(request, replicas, score)
+        top = max(replicas, key=match)
+        reason = f"{best.cached_prefix_len} of {request.length} tokens cached"
+        if match(top) > match(best):
+            reason += f" (balance over {top.cached_prefix_len} on {top.name})"
+        return self._chose(best.index, reason, request)
+
+    def _unmatched(self, request: RouteRequest, replicas: Sequence[ReplicaFacts],
+                   score: Callable[[ReplicaFacts], float]) -> Decision:
+        """Nothing worth reusing is cached anywhere (new, or evicted): go where this prefix
+        was sent before, if it was (the approximate history keeps a tenant's prompts on one
+        replica, so a cache under pressure is not split between tenants), else balance."""
+        n = max(1, request.length)
+        seen = {r.index: self._history(r.index, request).match(request.prompt) / n for r in replicas}
+
+        def history_score(r: ReplicaFacts) -> float:
+            return (seen[r.index] if seen[r.index] > self.history_threshold else 0.0) + score(r)
+
+        best = max(replicas, key=lambda r: (history_score(r), -r.load, -r.index))
+        if seen[best.index] > self.history_threshold:
+            return self._chose(best.index, f"nothing cached; sent here before ({seen[best.index]:.0%})", request)
+        return self._chose(best.index, f"no prefix >= {self.min_match:.0%} cached: balance", request)
+
+    def _history(self, index: int, request: RouteRequest) -> PrefixTree:
+        return self._trees.setdefault((index, request.cache_scope), PrefixTree(self.max_tree_size))
+
+    def _chose(self, index: int, reason: str, request: RouteRequest | None = None) -> Decision:
+        self._recent.append(index)
+        if request is not None:
+            self._history(index, request).insert(request.prompt)
+        return Decision(index, reason)
 
 
 class PrefixTreeRouter:

@@ -122,8 +122,9 @@ class Pump:
             except Exception as e:
                 self._put(Error(e))
                 return False
-        self._put(Error(ReplicaDown(dead.name, f"died mid-stream after {self.tokens} tokens "
-                                               f"({type(cause).__name__})")))
+        err = ReplicaDown(dead.name, f"died mid-stream after {self.tokens} tokens")
+        err.__cause__ = cause  # Ray's own error (ActorDiedError, ActorUnavailableError, ...)
+        self._put(Error(err))
         return False
 
     def _put(self, ev: Any) -> None:

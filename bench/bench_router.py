@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""Routers compared on one multi-tenant trace over 2-4 replicas of the default model.
+
+The trace (workbench.lab.traces, seeded) merges multi-turn chats under a few shared system
+prompts with agent loops sharing long system+tools prefixes; turn k+1's prompt is turn k's
+prompt + its reply + the next message, as a stateless chat API sees it (no session ids:
+the router decides every turn). Each request saves its first segment (the system prompt
+or agent prefix) as a row of its own (prefix_checkpoint_len), as a serving stack pins its
+system prompts.
+
+For each router, from the same start (every replica's cache emptied): the requests one at
+a time, each finished and its rows saved before the next is routed, so routing and every
+token count are deterministic. Per router: prefill tokens saved (prompt tokens whose KV
+was reused), hit ratio (requests that reused any), mean and p95 TTFT (ratios from one run;
+run it on a quiet machine), load spread (max/min requests per replica).
+
+    python bench/bench_router.py [--replicas 2] [--requests 80] [--cache-mib 1024] [--routers a,b,...] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import workbench.cluster as wc  # noqa: E402
+from workbench.lab import traces  # noqa: E402
+
+ROUTERS = ("round_robin", "power_of_two", "least_loaded", "prefix_tree", "cache_affinity")
+
+
+def make_trace(n_requests: int, seed: int) -> traces.Trace:
+    """Chats (4 system prompts) and agents (3 prefixes), about half the requests each,
+    sized for n_ctx 2048."""
+    chats = traces.multi_turn_chats(n_requests // 2, seed=seed, concurrency=6, system_prompts=4,
+                                    system_tokens=(150, 300), turns=(2, 5), user_tokens=(10, 40),
+                                    reply_tokens=(10, 40), max_context=1400)
+    agents = traces.agent_tasks(n_requests - n_requests // 2, seed=seed + 1, agents=3, prefix_tokens=(300, 500),
+                                task_tokens=(20, 60), steps=(2, 4), action_tokens=(10, 30),
+                                observation_tokens=(20, 80), concurrency=4, max_context=1400)
+    return traces.merge(chats, agents, name="chats+agents")
+
+
+def run_router(cluster: wc.Cluster, router: str, trace: traces.Trace, response_tokens: int) -> dict[str, Any]:
+    cluster.reset_cache()
+    cluster.set_router(router)
+    start = len(cluster.routing.log)
+    saved = prompt = hits = 0
+    ttfts: list[float] = []
+    per_replica: dict[str, int] = {m.name: 0 for m in cluster.members}
+    t0 = time.perf_counter()
+    for i in range(len(trace)):
+        tokens = trace.prompt_token_ids(i)
+        first = int(trace.seg_len[trace.prompt(i)[0]])
+        r = cluster.complete(tokens, response_tokens=response_tokens,
+                             prefix_checkpoint_len=first if first < len(tokens) else None)
+        cluster.wait_for_saves()
+        s = r.stats
+        reused = s.prompt_tokens - s.prefilled_tokens
+        saved, prompt, hits = saved + reused, prompt + s.prompt_tokens, hits + (reused > 0)
+        if s.ttft_s is not None:
+            ttfts.append(s.ttft_s)
+        per_replica[r.model] += 1
+    wall = time.perf_counter() - t0
+    counts = list(per_replica.values())
+    ttfts.sort()
+    return {"router": router, "requests": len(trace), "prompt_tokens": prompt, "saved_tokens": saved,
+            "saved_fraction": saved / prompt if prompt else 0.0, "hit_ratio": hits / len(trace),
+            "ttft_mean_ms": 1000 * statistics.fmean(ttfts) if ttfts else None,
+            "ttft_p95_ms": 1000 * ttfts[min(len(ttfts) - 1, int(0.95 * len(ttfts)))] if ttfts else None,
+            "load_spread": max(counts) / min(counts) if min(counts) else float("inf"),
+            "per_replica": per_replica, "wall_s": wall, "decisions": len(cluster.routing.log) - start}
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    base = next((r["saved_tokens"] for r in rows if r["router"] == "round_robin"), None)
+    out = ["| router | prefill tokens saved | x round_robin | hit ratio | TTFT mean | TTFT p95 | load spread |",
+           "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        ratio = f"{r['saved_tokens'] / base:.2f}" if base else "-"
+        out.append(f"| {r['router']} | {r['saved_tokens']:,} ({r['saved_fraction']:.0%}) | {ratio} | "
+                   f"{r['hit_ratio']:.0%} | {r['ttft_mean_ms']:.0f} ms | {r['ttft_p95_ms']:.0f} ms | "
+                   f"{r['load_spread']:.2f} |")
+    return "\n".join(out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--replicas", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1, help="threads per replica")
+    ap.add_argument("--requests", type=int, default=80)
+    ap.add_argument("--response-tokens", type=int, default=4)
+    ap.add_argument("--routers", default=",".join(ROUTERS))
+    ap.add_argument("--cache-mib", type=int, default=1024, help="each replica's RAM cache budget")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", type=Path, help="also write the results here")
+    args = ap.parse_args()
+    trace = make_trace(args.requests, args.seed)
+    print(f"trace: {trace.describe()}", file=sys.stderr)
+    cluster = wc.start(replicas=args.replicas, threads=args.threads, n_ctx=2048, n_seq_max=2,
+                       cache_tiers=[{"kind": "ram", "budget_bytes": args.cache_mib << 20}])
+    try:
+        rows = []
+        for router in args.routers.split(","):
+            rows.append(run_router(cluster, router, trace, args.response_tokens))
+            print(f"{router}: {rows[-1]['saved_tokens']} tokens saved, {rows[-1]['per_replica']}, "
+                  f"{rows[-1]['wall_s']:.0f} s", file=sys.stderr)
+    finally:
+        cluster.shutdown()
+    print(table(rows))
+    if args.json:
+        args.json.write_text(json.dumps({"replicas": args.replicas, "threads": args.threads,
+                                         "trace": trace.describe(), "results": rows}, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()
