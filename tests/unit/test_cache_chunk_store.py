@@ -70,10 +70,14 @@ def test_lookup_finds_rows_and_chains_of_full_chunks(tmp_path):
     put(store, list(range(10)))
     m = store.lookup(NS, list(range(10)) + [99])
     assert m is not None and m.n_tokens == 10 and m.key == keys.row_key(NS, list(range(10)))
-    # a prompt that leaves the row after 9 tokens still reuses its two full chunks
+    # a prompt that leaves the row after 9 tokens (inside its tail chunk) resumes at token 9,
+    # not at the chunk boundary before it: the two full chunks and the tail's first position
     m = store.lookup(NS, list(range(9)) + [77, 78])
-    assert m is not None and (m.n_tokens, m.key) == (8, None)
-    assert store.read_chunks(m.chunks) == payloads(list(range(10)))[:2]
+    assert m is not None and (m.n_tokens, m.key) == (9, None)
+    assert store.read_chunks(m.chunks) == payloads(list(range(10)))
+    m = store.lookup(NS, list(range(5)) + [77, 78, 79, 80])  # leaves inside the second full chunk
+    assert m is not None and m.n_tokens == 5 and store.read_chunks(m.chunks) == payloads(list(range(10)))[:2]
+    assert store.lookup(NS, [77, 0, 1]) is None
     # a shorter prompt row stored later is served by the first positions of the stored tail
     assert store.missing(NS, list(range(9))) == 3
     put(store, list(range(9)))

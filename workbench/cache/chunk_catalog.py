@@ -176,7 +176,10 @@ class ChunkCatalog:
             info.stats.pinned = any(self.rows[r].pinned for r in info.rows)
 
     def lookup(self, namespace: bytes, tokens: keys.Tokens) -> ChunkMatch | None:
-        """The longest stored prefix of ``tokens``: a row, or a chain of the prompt's full chunks."""
+        """The longest stored prefix of ``tokens``: a row, or the chain of the prompt's own full
+        chunks followed by the first positions of the stored chunk continuing it that agrees
+        longest with the prompt (a re-tokenised prompt resumes at its last agreeing token, not
+        at the chunk boundary before it). Join the chunks with ``n_tokens``."""
         raw = keys.token_bytes(tokens)
         best: ChunkMatch | None = None
         match = self.index.longest_prefix(namespace, raw)
@@ -186,8 +189,17 @@ class ChunkCatalog:
         depth = 0
         while depth < len(full) and full[depth] in self.chunks:
             depth += 1
-        if depth and (best is None or depth * self.chunk_size > best.n_tokens):
-            best = ChunkMatch(depth * self.chunk_size, tuple(full[:depth]), None)
+        chain, n = tuple(full[:depth]), depth * self.chunk_size
+        rest = raw[4 * n:]
+        agree, inside = 0, None
+        for k in self.kids.get(chain[-1] if chain else namespace, ()):
+            common = _common_tokens(self.chunks[k].tokens, rest)
+            if common > agree:
+                agree, inside = common, k
+        if inside is not None:
+            chain, n = (*chain, inside), n + agree
+        if n and (best is None or n > best.n_tokens):
+            best = ChunkMatch(n, chain, None)
         return best
 
     # --- views -----------------------------------------------------------------------------
@@ -210,3 +222,12 @@ class ChunkCatalog:
                         "bytes": sum(self.chunks[k].size for k in served_by), "own_bytes": own,
                         "reason": m.reason.name.lower(), "pinned": m.pinned})
         return out
+
+
+def _common_tokens(a: bytes, b: bytes) -> int:
+    """How many leading token ids (4 bytes each) two token byte strings share."""
+    n = min(len(a), len(b)) // 4
+    lo = 0
+    while lo < n and a[4 * lo:4 * lo + 4] == b[4 * lo:4 * lo + 4]:
+        lo += 1
+    return lo
