@@ -13,12 +13,14 @@ def test_a_draft_made_for_earlier_tokens_gives_what_follows_the_tokens_now():
     assert continuation([1, 2, 3], made_for, draft) == [4, 5, 6, 7]
     assert continuation([1, 2, 3, 4, 5], made_for, draft) == [6, 7]      # the target emitted 4, 5 meanwhile
     assert continuation([1, 2, 3, 4, 5, 6, 7], made_for, draft) == []
+    assert continuation([1, 2, 3, 4, 5], made_for, [4]) == []            # the draft model is behind
 
 
 def test_a_draft_the_target_has_left_is_stale():
     made_for, draft = [1, 2, 3], [4, 5, 6]
     assert continuation([1, 2, 3, 9], made_for, draft) is None             # the target chose 9, not 4
-    assert continuation([1, 2, 3, 4, 5, 6, 7], made_for, draft) is None    # past the draft's end
+    assert continuation([1, 2, 3, 4, 5, 6, 7], made_for, draft) == []      # past its end, none left
+    assert continuation([1, 2, 3, 4, 5, 9], made_for, draft) is None
     assert continuation([1, 2], made_for, draft) is None
     assert continuation([1, 8, 3], made_for, draft) is None
     assert extends([1, 2, 3, 4], [1, 2, 3]) and extends([1, 2], [1, 2]) and not extends([1, 2], [1, 2, 3])

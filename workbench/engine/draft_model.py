@@ -8,20 +8,21 @@ prefills only what is new since the last, and the draft model's sequences are ba
 there with its other work. The target never waits for it: a draft in flight is looked at
 when the target asks for the next one, and until it is back the target decodes plainly.
 
-A draft made for tokens X came back as g; the target has since reached C. When C is X
+A draft request is for tokens X and generates up to FLIGHT_DRAFTS drafts' worth; whatever
+it has generated so far, g, is used as it goes. When the target has reached C and C is X
 followed by the first m tokens of g (the target emitted what the draft model predicted,
-by plain steps meanwhile), the rest of g is the draft for C; otherwise the draft is
-stale and dropped. Right after a draft is handed out, the next one is asked for as if
-all of it will be accepted (X + draft): when it is, the next draft is under way already.
-A draft in flight for tokens the target has since left is cancelled. Each request asks
-for the tokens wanted plus the ones the target emitted while the last draft was out.
+by plain steps meanwhile), g past m is the draft for C (nothing yet while the draft model
+is behind); when C has left X + g, the draft request is cancelled and forgotten. Once a
+draft request is done and what is left of it is handed out, the next is asked for, for
+the target's tokens plus that draft (as if it will all be accepted): when it is, the next
+draft is under way already.
 
 ``p_min``: the draft ends before the first token whose probability under the draft model
 (the softmax of its logits as sampled, through the draft request's ``logprobs``) is
-below ``p_min``, as llama.cpp's draft-simple does.
+below ``p_min``, as llama.cpp's draft-simple does, and the draft request stops there.
 
-State: one target request's flight (at most one draft request at a time), the draft in
-hand, and counts; used from the target's loop thread only.
+State: one target request's draft request (at most one at a time: they share a session)
+and counts; used from the target's loop thread only.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ from ..errors import InvalidOption, WorkbenchError
 from ..options import RequestOptions, SpeculativeOptions
 
 DRAFT_SCOPE = "speculative-draft"
-MAX_LAG = 32               # extra tokens a draft request asks for, for the target's progress meanwhile
+FLIGHT_DRAFTS = 4          # a draft request generates this many drafts' worth, used as it goes
+MAX_FLIGHT = 64            # and at most so many tokens
 CLOSE_WAIT_S = 2.0         # at the request's end: how long a cancelled draft may take to stop
 
 
@@ -61,12 +63,13 @@ def extends(context: list[int], made_for: list[int]) -> bool:
 
 
 def continuation(context: list[int], made_for: list[int], tokens: list[int]) -> list[int] | None:
-    """What of a draft ``tokens`` made for ``made_for`` still follows ``context``: None
-    when the context has left made_for + tokens."""
+    """What of a draft ``tokens`` (so far) made for ``made_for`` is past ``context``: []
+    while the draft is not past it, None when the context has left made_for + tokens."""
     if not extends(context, made_for):
         return None
-    m = len(context) - len(made_for)
-    return tokens[m:] if context[len(made_for):] == tokens[:m] else None
+    n, m = len(made_for), len(context) - len(made_for)
+    k = min(m, len(tokens))
+    return tokens[m:] if context[n: n + k] == tokens[:k] else None
 
 
 def confident(tokens: list[int], logprobs: list[float], p_min: float) -> list[int]:
@@ -86,51 +89,60 @@ class ModelDrafter:
     def __init__(self, engine: Any, opts: SpeculativeOptions, name: str) -> None:
         self.engine, self.opts, self.session = engine, opts, name
         self.kind = f"draft:{engine.model_id}"
-        self._flight: tuple[list[int], Any] | None = None       # (tokens drafted for, its request)
-        self._hand: tuple[list[int], list[int]] | None = None   # (tokens drafted for, the draft)
-        self.lag = 0              # tokens the target emitted while the last used draft was out
-        self.failures = 0         # draft requests the draft engine refused or failed
-        self.not_ready = 0        # drafts asked for while none was back yet (plain steps)
-        self.stale = 0            # drafts that came back for tokens the target had left
+        self._flight: tuple[list[int], Any] | None = None   # (tokens drafted for, its request)
+        self._leaving: Any = None  # a cancelled draft request: the session is free once it ends
+        self.failures = 0          # draft requests the draft engine refused
+        self.not_ready = 0         # drafts asked for while none had tokens past the target's (plain steps)
+        self.stale = 0             # drafts the target left (it emitted another token than the draft's)
 
     def draft(self, history: list[int], last: int, pos: int, n_max: int) -> list[int]:
         context = history + [last]
-        self._collect()
-        tokens = self._from_hand(context)[:n_max]
-        if self._flight is not None and not extends(context, self._flight[0]):
-            self.engine.cancel(self._flight[1])      # drafting for tokens the target has left
-        if self._flight is None:
+        rest = self._rest(context)
+        tokens = (rest or [])[:n_max]
+        spent = self._flight is None or (self._flight[1].finished.is_set() and len(rest or []) <= n_max)
+        if spent and (self._leaving is None or self._leaving.finished.is_set()):
             self._submit(context + tokens, n_max)
         if not tokens:
             self.not_ready += 1
         return tokens
 
-    def _from_hand(self, context: list[int]) -> list[int]:
-        if self._hand is None:
-            return []
-        made_for, draft = self._hand
-        self.lag = min(MAX_LAG, len(context) - len(made_for))
-        rest = continuation(context, made_for, draft)
+    def _rest(self, context: list[int]) -> list[int] | None:
+        """What the draft in flight (running or done) has past ``context``; a draft the
+        target has left is cancelled and forgotten."""
+        if self._flight is None:
+            return None
+        made_for, req = self._flight
+        rest = continuation(context, made_for, self._so_far(req))
         if rest is None:
-            self._hand, self.stale = None, self.stale + 1
-            return []
+            self.stale += 1
+            self._leave()
         return rest
 
-    def _collect(self) -> None:
-        """A draft request that is back becomes the draft in hand."""
-        if self._flight is None or not self._flight[1].finished.is_set():
-            return
-        made_for, req = self._flight
-        self._flight = None
-        if req.cancel_requested:
-            return
+    def _so_far(self, req: Any) -> list[int]:
+        """The draft request's tokens so far, up to (not with) its first under p_min; one
+        under p_min ends the draft request (nothing past it would be used)."""
         tokens = list(req.generated)
-        logprobs = [lp.logprob for lp in req.logprobs]
-        self._hand = (made_for, confident(tokens, logprobs, self.opts.p_min))
+        if self.opts.p_min <= 0.0:
+            return tokens
+        logprobs = [lp.logprob for lp in list(req.logprobs)]
+        sure = confident(tokens[: len(logprobs)], logprobs, self.opts.p_min)
+        if len(sure) < min(len(tokens), len(logprobs)):
+            self.engine.cancel(req)
+        return sure
+
+    def _leave(self) -> None:
+        assert self._flight is not None
+        req = self._flight[1]
+        self._flight = None
+        if not req.finished.is_set():
+            self.engine.cancel(req)
+            self._leaving = req
 
     def _submit(self, prompt: list[int], n_max: int) -> None:
-        opts = RequestOptions(response_tokens=n_max + self.lag, cache=False, session_id=self.session,
-                              cache_scope=DRAFT_SCOPE, logprobs=0 if self.opts.p_min > 0 else None)
+        opts = RequestOptions(response_tokens=min(MAX_FLIGHT, FLIGHT_DRAFTS * n_max), cache=False,
+                              session_id=self.session, cache_scope=DRAFT_SCOPE,
+                              logprobs=0 if self.opts.p_min > 0 else None)
+        self._flight = None
         try:
             self._flight = (prompt, self.engine.submit(prompt, opts))
         except WorkbenchError:
@@ -140,10 +152,10 @@ class ModelDrafter:
         pass
 
     def close(self) -> None:
-        if self._flight is not None:
-            req = self._flight[1]
-            self.engine.cancel(req)
-            req.finished.wait(CLOSE_WAIT_S)
+        for req in (self._flight[1] if self._flight else None, self._leaving):
+            if req is not None:
+                self.engine.cancel(req)
+                req.finished.wait(CLOSE_WAIT_S)
         try:
             self.engine.end_session(self.session, DRAFT_SCOPE)
         except (WorkbenchError, TimeoutError):
