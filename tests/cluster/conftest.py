@@ -1,7 +1,8 @@
 """One real local Ray cluster for the directory: 2 replicas of the default model, 1 thread
 each (2 CPUs), sharing a disk cache tier in a temporary directory; Ray restarts a killed
-replica without limit (on a loaded machine a slow restart can use up a small budget). Tests isolate their cache
-rows by cache_scope (the tenant), so they do not depend on each other's rows."""
+replica without limit (on a loaded machine a slow restart can use up a small budget).
+Tests isolate their cache rows by cache_scope (the tenant), so they do not depend on each
+other's rows."""
 
 from __future__ import annotations
 

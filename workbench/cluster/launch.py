@@ -10,6 +10,7 @@ ReplicaDown naming it.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -79,10 +80,13 @@ def init_ray(address: str | None, num_cpus: int) -> bool:
     """Connect to Ray, or start a local one; True when it was started here."""
     if ray.is_initialized():
         return False
+    # Ray's own start-up lines (and warnings about its settings) stay out of the caller's
+    # output; its errors still show
     if address is not None:
-        ray.init(address=address, log_to_driver=False)
+        ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR)
         return False
-    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
+             logging_level=logging.ERROR)
     return True
 
 
