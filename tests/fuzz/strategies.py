@@ -141,7 +141,8 @@ REQUEST_VALID: dict[str, st.SearchStrategy] = {
     "speculative": st.one_of(st.none(), st.fixed_dictionaries(
         {"ngram": st.sampled_from(["simple", "map_k", "map_k4v", "cache", "bad"])},
         optional={"n_max": small_pos, "n_min": small_pos, "size_n": small_pos, "size_m": small_pos,
-                  "min_hits": small_pos, "adaptive": st.one_of(st.booleans(), st.just("yes"))}),
+                  "min_hits": small_pos, "adaptive": st.one_of(st.booleans(), st.just("yes")),
+                  "p_min": st.one_of(st.floats(0, 1), st.sampled_from([-0.5, 2, "0.5"] + WEIRD_FLOATS))}),
         st.sampled_from([{}, {"draft": "no-such-model"}, {"ngram": "simple", "draft": "x"}, "simple", 3])),
     "timeout_s": st.one_of(st.none(), st.floats(1e-4, 5), st.sampled_from([0, -1, 1e308] + WEIRD_FLOATS)),
     "token_timeout_s": st.one_of(st.none(), st.floats(1e-4, 5), st.sampled_from([0, -1, 1e308] + WEIRD_FLOATS)),
