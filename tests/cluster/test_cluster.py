@@ -213,6 +213,16 @@ def test_wb_cluster_commands(cluster, monkeypatch):
     assert shell.run_cell("%wb cluster router cache_affinity").success
 
 
+def test_speculation_across_replicas_gives_the_verifiers_greedy_reply(cluster, scope):
+    plain = cluster.complete("Once upon a time", response_tokens=16, cache_scope=scope)
+    spec = cluster.speculate("Once upon a time", response_tokens=16, n_draft=4, draft_replica=0, verify_replica=1)
+    assert spec.tokens == plain.tokens and spec.reply == plain.reply
+    assert (spec.draft_replica, spec.verify_replica) == ("replica-0", "replica-1")
+    # the same model drafts: every drafted token is the verifier's argmax; 4 + its own next
+    # token per round, the last round drafts the one token left
+    assert (spec.rounds, spec.drafted, spec.accepted) == (4, 13, 13)
+
+
 # --- faults (last: they kill replicas) ---------------------------------------------------------
 
 def test_a_replica_killed_mid_stream_ends_the_stream_with_an_error_naming_it(cluster, scope):

@@ -52,9 +52,10 @@ class Cluster:
 
     def actor(self, replica: str | int) -> Any:
         """The Ray actor handle of a replica (by name or index), e.g. for ray.kill."""
-        return self._member(replica).actor
+        return self.member(replica).actor
 
-    def _member(self, replica: str | int) -> Member:
+    def member(self, replica: str | int) -> Member:
+        """A replica's member (by name or index)."""
         for m in self.members:
             if replica in (m.name, m.index) and not isinstance(replica, bool):
                 return m
@@ -75,7 +76,7 @@ class Cluster:
                     tool_choice: Any = None, **opts: Any) -> ClusterChatStream:
         """As wb.chat_stream; routed on the rendered prompt's tokens."""
         render_opts = dict(opts, **({"tool_choice": tool_choice} if tool_choice is not None else {}))
-        tokens = self._call(self._least_loaded(), "chat_tokens", (messages, tools), render_opts)
+        tokens = self.call_replica(self._least_loaded(), "chat_tokens", (messages, tools), render_opts)
         scope = opts.get("cache_scope", "default")
         sid = opts.get("session_id")
         s = self._start("chat", "chat_stream", (messages, tools, tool_choice), opts,
@@ -109,7 +110,7 @@ class Cluster:
         ref = self.routing.next_ref()
         m = self.routing.route(key, "prefill", ref)
         try:
-            return self._call(m, "prefill_only", (_wire_prompt(prompt),), opts)
+            return self.call_replica(m, "prefill_only", (_wire_prompt(prompt),), opts)
         finally:
             m.release()
 
@@ -122,7 +123,7 @@ class Cluster:
         except ReplicaDown as first:
             if not first.replica:
                 raise
-            member, gen, local = start(self._member(first.replica))  # retried once on another replica
+            member, gen, local = start(self.member(first.replica))  # retried once on another replica
         pump = Pump(ref, member, gen, local, start, self._ended)
         return (ClusterChatStream if call == "chat_stream" else ClusterStream)(pump)
 
@@ -167,15 +168,21 @@ class Cluster:
             if m.state == "up":
                 m.actor.cancel.remote(ref)
 
+    def speculate(self, prompt: str | Sequence[int], **opts: Any) -> Any:
+        """Greedy generation verified on one replica from another's drafts (speculate.py)."""
+        from .speculate import speculate
+
+        return speculate(self, prompt, **opts)
+
     # --- sessions -------------------------------------------------------------------------
     def end_session(self, session_id: str | int, cache_scope: str = "default") -> None:
         key = (check_session_id("session_id", session_id), check_scope("cache_scope", cache_scope))
-        self._call(self.routing.session_owner(key), "end_session", key, {})
+        self.call_replica(self.routing.session_owner(key), "end_session", key, {})
         self.routing.forget_session(key)
 
     def reset_session(self, session_id: str | int, cache_scope: str = "default") -> str:
         key = (check_session_id("session_id", session_id), check_scope("cache_scope", cache_scope))
-        out = self._call(self.routing.session_owner(key), "reset_session", key, {})
+        out = self.call_replica(self.routing.session_owner(key), "reset_session", key, {})
         self.routing.forget_session(key)
         return str(out)
 
@@ -185,16 +192,16 @@ class Cluster:
 
     # --- calls without a prompt to route on ---------------------------------------------------
     def embed(self, text_or_tokens: str | Sequence[int], pooling: str = "mean", normalize: bool = True) -> Any:
-        return self._call(self._least_loaded(), "embed", (_wire_prompt(text_or_tokens), pooling, normalize), {})
+        return self.call_replica(self._least_loaded(), "embed", (_wire_prompt(text_or_tokens), pooling, normalize), {})
 
     def embed_batch(self, inputs: Sequence[Any], pooling: str = "mean", normalize: bool = True) -> Any:
-        return self._call(self._least_loaded(), "embed_batch", (list(inputs), pooling, normalize), {})
+        return self.call_replica(self._least_loaded(), "embed_batch", (list(inputs), pooling, normalize), {})
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
-        return self._call(self._least_loaded(), "tokenize", (text, add_special, parse_special), {})
+        return self.call_replica(self._least_loaded(), "tokenize", (text, add_special, parse_special), {})
 
     def detokenize(self, tokens: Sequence[int], **opts: Any) -> str:
-        return self._call(self._least_loaded(), "detokenize", (_wire_prompt(tokens),), opts)
+        return self.call_replica(self._least_loaded(), "detokenize", (_wire_prompt(tokens),), opts)
 
     def cached_prefix_len(self, prompt: str | Sequence[int], cache_scope: str = "default") -> int:
         """The longest prefix of ``prompt`` any replica caches (what a well-routed request reuses)."""
@@ -257,7 +264,8 @@ class Cluster:
             raise ReplicaDown("", "no replica is up (every one is down or restarting)")
         return min(ups, key=lambda m: (m.in_flight, m.index))
 
-    def _call(self, m: Member, name: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+    def call_replica(self, m: Member, name: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+        """One facade call on one replica (its error raised here, ReplicaDown if it is gone)."""
         try:
             status, value = ray.get(m.actor.call.remote(name, tuple(args), dict(kwargs)))
         except ACTOR_GONE as e:

@@ -23,8 +23,8 @@ from .wire import RemoteError, pack_error, pack_events
 
 # facade calls a replica serves for the cluster: those that name the model, and the
 # process-wide ones (each replica process holds one model, so they are that replica's)
-PER_MODEL_CALLS = ("cached_prefix_len", "detokenize", "embed", "embed_batch", "end_session", "model_info",
-                   "prefill_only", "reset_session", "sessions", "tokenize")
+PER_MODEL_CALLS = ("cached_prefix_len", "detokenize", "draft_tokens", "embed", "embed_batch", "end_session",
+                   "model_info", "prefill_only", "reset_session", "sessions", "tokenize", "verify")
 PROCESS_CALLS = ("cache_info", "counters", "requests", "wait_for_saves")
 STREAM_CALLS = ("stream", "continue_session", "chat_stream")
 
