@@ -206,3 +206,25 @@ def test_sigkill_mid_chain_leaves_only_rows_that_verify(tmp_path):
         _, served_by, got = store.read_row(key)
         assert got == [k * 20_000 for k in served_by]
     assert os.listdir(root)
+
+
+def test_chunks_promote_to_ram_and_demote_one_at_a_time(tmp_path):
+    a, b = list(range(8)), list(range(4)) + [50, 51, 52, 53, 54, 55, 56, 57]
+    sizes = sorted(len(p) for p in payloads(a) + payloads(b)[1:])
+    store = ChunkStore(tmp_path / "d", chunk_size=CS, ram_budget_bytes=sum(sizes[1:]) + 10)
+    put(store, a), put(store, b)  # chunks a0 (shared), a1, b1, b2: four, RAM holds three
+    tiers = {c["key"]: c["tier"] for c in store.chunk_rows()}
+    assert sorted(tiers.values()).count("ram") == 3
+    shared = keys.chunk_keys(NS, a, CS)[0]
+    assert store.counters.get("demotions_ram") == 1 and tiers[shared.hex()] == "d"  # the oldest went
+    # a chain served partly from files, partly from RAM, promoting what it read
+    assert store.read_row(keys.row_key(NS, a))[2] == payloads(a)
+    assert store.counters.get("chunk_reads_file") == 1 and store.counters.get("chunk_reads_ram") == 1
+    assert shared in store.ram
+    assert store.read_row(keys.row_key(NS, a))[2] == payloads(a)
+    assert store.counters.get("chunk_reads_ram") == 3
+    view = {c["key"]: c for c in store.chunk_rows()}
+    assert view[shared.hex()]["refcount"] == 2 and view[shared.hex()]["children"] == 2
+    assert not view[shared.hex()]["leaf"] and view[keys.chunk_keys(NS, a, CS)[1].hex()]["leaf"]
+    store.remove_row(keys.row_key(NS, b))
+    assert store.ram.used == sum(len(p) for p in store.ram.payloads.values())

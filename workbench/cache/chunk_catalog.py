@@ -204,12 +204,12 @@ class ChunkCatalog:
 
     # --- views -----------------------------------------------------------------------------
 
-    def chunk_view(self, score: Callable[[ChunkInfo], float], tier: str) -> list[dict[str, Any]]:
+    def chunk_view(self, score: Callable[[ChunkInfo], float], tier: Callable[[ChunkInfo], str]) -> list[dict[str, Any]]:
         """One dict per chunk: key, parent, tokens, bytes, refcount, children, score, tier."""
         return [{"key": c.key.hex(), "parent": c.parent.hex() if c.parent else None,
                  "n_tokens": c.n_tokens, "size_bytes": c.size, "refcount": c.refcount,
                  "children": self.children(c.key), "leaf": not self.children(c.key),
-                 "protected": c.stats.protected, "score": score(c), "hits": c.stats.hits, "tier": tier}
+                 "protected": c.stats.protected, "score": score(c), "hits": c.stats.hits, "tier": tier(c)}
                 for c in self.chunks.values()]
 
     def row_view(self) -> list[dict[str, Any]]:

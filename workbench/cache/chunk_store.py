@@ -37,6 +37,7 @@ from typing import Any
 
 from workbench.cache import keys
 from workbench.cache.chunk_catalog import ChunkCatalog, ChunkInfo
+from workbench.cache.chunk_ram import RamChunks
 from workbench.cache.chunk_format import (
     CHUNK_SUFFIX,
     MANIFEST_SUFFIX,
@@ -72,7 +73,8 @@ class ChunkStore(ChunkCatalog):
 
     def __init__(self, root: str | os.PathLike[str], budget_bytes: int | None = None, *,
                  chunk_size: int = DEFAULT_CHUNK_SIZE, policy: Any = "lru",
-                 counters: Counters | None = None, clock: Callable[[], float] = time.time) -> None:
+                 counters: Counters | None = None, clock: Callable[[], float] = time.time,
+                 ram_budget_bytes: int = 0) -> None:
         super().__init__(chunk_size)
         self.root = ensure_private_dir(Path(root))
         self.budget = budget_bytes
@@ -80,6 +82,7 @@ class ChunkStore(ChunkCatalog):
         self.counters = counters or Counters()
         self.clock = clock
         self.used = 0
+        self.ram = RamChunks(ram_budget_bytes, self.score, self.counters)  # copies, per chunk
 
     # --- paths -----------------------------------------------------------------------------
 
@@ -130,6 +133,7 @@ class ChunkStore(ChunkCatalog):
         for m, p in new:
             publish_file(self.root, self._chunk_path(m.key), m.key.hex(), (encode_chunk(m, p), p))
             written.append(self._adopt_chunk(m, chunk_file_size(m.n_tokens, len(p)), now))
+            self.ram.promote(written[-1], p, self.chunks)
             self.counters.inc("chunks_written")
         self.counters.inc("chunks_shared", len(metas) - len(new))
         publish_file(self.root, self._manifest_path(key), key, (encode_manifest(manifest),))
@@ -166,10 +170,16 @@ class ChunkStore(ChunkCatalog):
         the rows naming it removed) when one does not verify, RowMissing-like KeyError when
         one is not stored."""
         out = []
+        from_files = []
         now = self.clock()
         for k in chunk_keys:
             if k not in self.chunks:
                 raise KeyError(k.hex())
+            payload = self.ram.get(k)
+            if payload is not None:
+                self.counters.inc("chunk_reads_ram")
+                out.append(payload)
+                continue
             try:
                 _, payload, _ = read_chunk(self._chunk_path(k), max_payload=max_payload)
             except CorruptRow as exc:
@@ -178,7 +188,12 @@ class ChunkStore(ChunkCatalog):
             except FileNotFoundError:
                 self.reject_chunk(k, CorruptReason.TRUNCATED)
                 raise CorruptRow(CorruptReason.TRUNCATED, "chunk file missing") from None
+            self.counters.inc("chunk_reads_file")
+            from_files.append((k, payload))
             out.append(payload)
+        chain = frozenset(chunk_keys)
+        for k, payload in from_files:
+            self.ram.promote(self.chunks[k], payload, self.chunks, keep=chain)
         for k in chunk_keys:
             stats = self.chunks[k].stats
             stats.hits += 1
@@ -227,6 +242,7 @@ class ChunkStore(ChunkCatalog):
         if key not in self.chunks:  # removing the rows dropped it as an unnamed tail
             return
         self.pop_chunk(key)
+        self.ram.discard(key)
         self.used -= info.size
         unlink_quietly(self._chunk_path(key))
 
@@ -340,7 +356,7 @@ class ChunkStore(ChunkCatalog):
 
     def chunk_rows(self) -> list[dict[str, Any]]:
         """One dict per chunk: key, parent, tokens, bytes, refcount, children, score, tier."""
-        return self.chunk_view(self.score, self.root.name)
+        return self.chunk_view(self.score, lambda c: "ram" if c.key in self.ram else self.root.name)
 
     def row_views(self) -> list[dict[str, Any]]:
         return self.row_view()
