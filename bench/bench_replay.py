@@ -78,7 +78,7 @@ def main() -> None:
     info = trace.describe()
     print(f"  trace generated   {t1 - t0:6.1f} s  ({info['prompt_tokens']:,} prompt tokens, "
           f"{info['distinct_segments']:,} segments)")
-    build_plan(trace, checkpoint_every=args.checkpoint_every)
+    build_plan(trace, checkpoint_every=args.checkpoint_every, chunk_size=chunk_size)
     t2 = time.perf_counter()
     print(f"  plan (once)       {t2 - t1:6.1f} s  (replay builds it again below, included in its time)")
     cpu0 = cpu_seconds()
