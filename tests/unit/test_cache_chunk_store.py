@@ -152,8 +152,14 @@ def test_eviction_takes_leaves_first_and_keeps_pinned_rows(tmp_path):
     # the oldest leaf went (the first user's tail), its row with it; the shared prefix stayed
     assert keys.row_key(NS, sys_prompt + [100, 101, 102, 103, 104]) not in store
     assert all(k in store.chunks for k in shared) and pinned in store
+    live = put(store, sys_prompt + [300, 301, 302, 303, 304])
+    assert store.set_live(live)
+    other = keys.row_key(NS, sys_prompt + [200, 201, 202, 203, 204])
+    while other in store:  # older leaves first: the first user's full chunk, then the other tail
+        assert store.evict_bytes(1) > 0
+        assert live in store  # a live session's chunks go after every unprotected leaf
     store.evict_bytes(10**9)
-    # everything else evicted before the pinned row's chunks, which go last
+    # everything else evicted before the pinned and live rows' chunks, which go last
     assert store.rows == {} and store.chunks == {}
     assert store.used == 0
 

@@ -60,6 +60,7 @@ class ChunkCatalog:
         self.rows: dict[str, Manifest] = {}
         self.row_chunks: dict[str, tuple[bytes, ...]] = {}  # the chunks that serve each row
         self.kids: dict[bytes, set[bytes]] = {}              # anchor -> the chunks continuing it
+        self.live: set[str] = set()                          # rows holding a live session's KV
         self.index = PrefixIndex()
         self._seq = 0
 
@@ -161,6 +162,7 @@ class ChunkCatalog:
         if m is None:
             return None
         served_by = self.row_chunks.pop(key)
+        self.live.discard(key)
         self.index.remove(key)
         for k in served_by:
             info = self.chunks.get(k)
@@ -170,10 +172,20 @@ class ChunkCatalog:
         return m, served_by
 
     def protect(self, chunk_keys: Sequence[bytes]) -> None:
-        """A chunk serving a pinned row is evicted last."""
+        """A chunk serving a pinned row or a live session's row is evicted last."""
         for k in chunk_keys:
             info = self.chunks[k]
             info.stats.pinned = any(self.rows[r].pinned for r in info.rows)
+            info.stats.live = any(r in self.live for r in info.rows)
+
+    def set_live(self, key: str, live: bool = True) -> bool:
+        """Mark a row as a live session's KV (kept in memory only: no session outlives the
+        process); False when the row is not held."""
+        if key not in self.rows:
+            return False
+        (self.live.add if live else self.live.discard)(key)
+        self.protect(self.row_chunks[key])
+        return True
 
     def lookup(self, namespace: bytes, tokens: keys.Tokens) -> ChunkMatch | None:
         """The longest stored prefix of ``tokens``: a row, or the chain of the prompt's own full
