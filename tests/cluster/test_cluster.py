@@ -223,6 +223,23 @@ def test_speculation_across_replicas_gives_the_verifiers_greedy_reply(cluster, s
     assert (spec.rounds, spec.drafted, spec.accepted) == (4, 13, 13)
 
 
+def test_prefill_only_stores_its_row_on_the_replica_it_was_routed_to(cluster, scope):
+    prompt = prefix(8, 64)
+    r = cluster.prefill_only(prompt, cache_scope=scope)
+    assert r.stats.generated_tokens == 0 and r.finish_key
+    lens = cluster.cached_prefix_lens(prompt, scope)
+    assert lens[r.model] >= 63 and sum(lens.values()) == lens[r.model]  # the other has not scanned it
+    assert cluster.decisions().iloc[-1]["kind"] == "prefill"
+
+
+def test_embed_through_the_cluster_is_the_in_process_embedding(cluster, model):
+    import numpy as np
+
+    import workbench as wb
+
+    assert np.allclose(cluster.embed("a red apple"), wb.embed(model, "a red apple"), atol=1e-4)
+
+
 # --- faults (last: they kill replicas) ---------------------------------------------------------
 
 def test_a_replica_killed_mid_stream_ends_the_stream_with_an_error_naming_it(cluster, scope):
