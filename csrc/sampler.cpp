@@ -224,23 +224,40 @@ private:
             shaped_[arr.data[i].id] = arr.data[i].logit;
             top = std::max(top, arr.data[i].logit);
         }
-        double sum = 0.0;
-        if (std::isfinite(top)) {
-            for (size_t i = 0; i < arr.size; ++i) sum += std::exp((double)arr.data[i].logit - top);
-        }
-        log_norm_ = std::isfinite(top) ? (float)(top + std::log(sum)) : 0.0f;
+        log_norm_ = 0.0f;
         last_top_.clear();
-        if (n_logprobs_ == 0 || !std::isfinite(top)) return;
-        std::vector<std::pair<float, llama_token>> order;
-        order.reserve(arr.size);
+        if (!std::isfinite(top)) return;
+        double sum = 0.0;  // float exp (the cost), double sum (49,152 terms)
+        for (size_t i = 0; i < arr.size; ++i) sum += std::exp(arr.data[i].logit - top);
+        log_norm_ = top + (float)std::log(sum);
+        if (n_logprobs_ > 0) top_n(arr);
+    }
+
+    // The n_logprobs_ largest finite logits, largest first; equal logits by id, so the order
+    // is reproducible. A short sorted list for the option's few (at most 20); a partial sort
+    // for more (the native tests ask for the whole vocabulary).
+    void top_n(const llama_token_data_array & arr) {
+        using Entry = std::pair<float, llama_token>;
+        auto before = [](const Entry & a, const Entry & b) { return a.first > b.first || (a.first == b.first && a.second < b.second); };
+        const size_t k = (size_t)n_logprobs_;
+        std::vector<Entry> best;
+        best.reserve(k > 64 ? arr.size : k + 1);
         for (size_t i = 0; i < arr.size; ++i) {
-            if (std::isfinite(arr.data[i].logit)) order.emplace_back(arr.data[i].logit, arr.data[i].id);
+            const Entry e{arr.data[i].logit, arr.data[i].id};
+            if (!std::isfinite(e.first)) continue;
+            if (k > 64) {
+                best.push_back(e);
+            } else if (best.size() < k || before(e, best.back())) {
+                best.insert(std::upper_bound(best.begin(), best.end(), e, before), e);
+                if (best.size() > k) best.pop_back();
+            }
         }
-        const size_t k = std::min(order.size(), (size_t)n_logprobs_);
-        // largest first; equal logits by id, so the order is reproducible
-        std::partial_sort(order.begin(), order.begin() + (long)k, order.end(),
-                          [](const auto & a, const auto & b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
-        for (size_t i = 0; i < k; ++i) last_top_.emplace_back(order[i].second, order[i].first - log_norm_);
+        if (k > 64) {
+            const size_t m = std::min(k, best.size());
+            std::partial_sort(best.begin(), best.begin() + (long)m, best.end(), before);
+            best.resize(m);
+        }
+        for (const Entry & e : best) last_top_.emplace_back(e.second, e.first - log_norm_);
     }
 
     // Would the grammar end here (its end-of-generation token allowed)? Only the ban on
