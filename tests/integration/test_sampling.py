@@ -194,6 +194,7 @@ def test_a_bias_that_bans_every_token_ends_only_its_request(model):
     ({" Paris": -1.0, 7042: 1.0}, "each token once"),
     ({1.5: 1.0}, "token id"),
     ([(" Paris", 1.0)], "dict"),
+    ({str(i): 1.0 for i in range(50_000)}, "at most 49152 entries"),
 ])
 def test_a_bad_logit_bias_is_named(model, bias, word):
     with pytest.raises(InvalidOption, match="logit_bias") as e:

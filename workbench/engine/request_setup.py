@@ -50,6 +50,9 @@ def logit_bias_ids(model: Any, opts: RequestOptions) -> list[tuple[int, float]]:
     exactly one token (special tokens by their text, e.g. '<|im_end|>'), each token once."""
     if not opts.logit_bias:
         return []
+    if len(opts.logit_bias) > model.n_vocab:  # some token would be named twice: refused before tokenising
+        raise InvalidOption("logit_bias", f"{len(opts.logit_bias)} entries",
+                            f"at most {model.n_vocab} entries (the vocabulary)")
     out: dict[int, float] = {}
     for key, bias in opts.logit_bias.items():
         if isinstance(key, int):
