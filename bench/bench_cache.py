@@ -12,10 +12,12 @@ stored per cached token against the raw f16 KV size (storage amplification).
 
     python bench/bench_cache.py [--sizes 512,2048,4096] [--json out.json]
     python bench/bench_cache.py --chat [--turns 4] [--chunk-sizes 256,64,16]
+    python bench/bench_cache.py --fleet [--agents 6]
 
 --chat: a multi-turn chat on the engine's row cache (a disk tier), then the same rows stored
 as manifests over KV chunks (workbench.cache.chunk_store, cut by engine/kv_chunks): stored
-bytes of each against the raw KV of the distinct tokens of all rows (issue 14).
+bytes of each against the raw KV of the distinct tokens of all rows (issue 14). --fleet: the
+same for agents sharing one system prompt and tool set, two turns each.
 """
 
 from __future__ import annotations
@@ -83,49 +85,50 @@ def distinct_tokens(rows: list[list[int]]) -> int:
     return n
 
 
-def chat_scenario(args: argparse.Namespace) -> dict:
-    """Stored bytes vs the raw KV of the distinct tokens, whole rows and chunked."""
-    from workbench import _native
-    from workbench.cache.chunk_store import ChunkStore
-    from workbench.cache.format import read_row
-    from workbench.cache.keys import chunk_keys, tokens_from_bytes
-    from workbench.engine import kv_chunks
+TOOLS = [{"type": "function", "function": {
+    "name": name, "description": desc,
+    "parameters": {"type": "object", "properties": {p: {"type": "string", "description": f"the {p}"}
+                                                    for p in params}, "required": list(params)}}}
+    for name, desc, params in [
+        ("search_flights", "Search flights between two airports on a date.", ("origin", "destination", "date")),
+        ("book_hotel", "Book a hotel room in a city for a range of nights.", ("city", "check_in", "check_out")),
+        ("convert_currency", "Convert an amount between two currencies.", ("amount", "source", "target")),
+        ("weather", "The forecast for a city on a date.", ("city", "date")),
+        ("translate", "Translate a sentence into a language.", ("text", "language")),
+    ]]
+FLEET_TASKS = ["Find me a flight from Milan to Vienna on May 3.", "What will the weather be in Como on May 5?",
+               "Convert 250 euros to Swiss francs.", "Book a hotel in Verona from May 7 to May 9.",
+               "Translate 'where is the station' into Italian.", "Find a flight from Venice to Paris on May 14."]
 
+
+def fleet_conversations(model: str, args: argparse.Namespace) -> None:
+    """Agents sharing one system prompt and tool set, each on its own task, two turns."""
+    system = {"role": "system", "content": "You are a travel agent's assistant. Use the tools when they help."}
+    for task in FLEET_TASKS[:args.agents]:
+        messages = [system, {"role": "user", "content": task}]
+        r = wb.chat(model, messages, tools=TOOLS, response_tokens=args.reply_tokens, temperature=0.0)
+        messages += [{"role": "assistant", "content": r.content or "(a tool call)"},
+                     {"role": "user", "content": "Thanks. Anything else I should know?"}]
+        wb.chat(model, messages, tools=TOOLS, response_tokens=args.reply_tokens, temperature=0.0)
+
+
+def chat_conversation(model: str, args: argparse.Namespace) -> None:
+    messages: list[dict] = []
+    for text in CHAT_TURNS[:args.turns]:
+        messages.append({"role": "user", "content": text})
+        r = wb.chat(model, messages, response_tokens=args.reply_tokens, temperature=0.0)
+        messages.append({"role": "assistant", "content": r.content})
+
+
+def storage_scenario(args: argparse.Namespace, converse) -> dict:
+    """Stored bytes vs the raw KV of the distinct tokens, whole rows and chunked."""
     root = Path(tempfile.mkdtemp(prefix="wb-bench-chat-"))
     wb.configure_cache([{"kind": "disk", "root": str(root / "rows"), "budget_bytes": 8 * 2**30}])
     model = wb.load_model(n_threads=args.threads, n_ctx=8192, n_seq_max=1, flash_attn=args.flash_attn)
-    out: dict = {}
     try:
-        messages: list[dict] = []
-        for text in CHAT_TURNS[:args.turns]:
-            messages.append({"role": "user", "content": text})
-            r = wb.chat(model, messages, response_tokens=args.reply_tokens, temperature=0.0)
-            messages.append({"role": "assistant", "content": r.content})
+        converse(model, args)
         wb.wait_for_saves()
-        files = sorted((root / "rows").glob("*.kv"))
-        rows = [read_row(f) for f in files]
-        toks = [tokens_from_bytes(r.meta.tokens) for r in rows]
-        n_distinct = distinct_tokens(toks)
-        raw = n_distinct * KV_BYTES_PER_TOKEN
-        row_bytes = sum(f.stat().st_size for f in files)
-        out = {"rows": len(rows), "tokens": [len(t) for t in toks], "distinct_tokens": n_distinct,
-               "raw_kv_bytes": raw, "row_bytes": row_bytes, "row_x": row_bytes / raw, "chunked": {}}
-        m = _native.Model(wb.model_info(model)["path"], 0, True, False)
-        ctx = _native.Context(m, {"n_ctx": 8192, "n_seq_max": 1, "n_threads": args.threads})
-        for cs in (int(c) for c in args.chunk_sizes.split(",")):
-            store = ChunkStore(root / f"chunks-{cs}", chunk_size=cs)
-            exact = 0
-            for r in rows:
-                ks = chunk_keys(r.meta.namespace, r.meta.tokens, cs)
-                first = store.missing(r.meta.namespace, r.meta.tokens)
-                pieces = kv_chunks.cut_state(ctx, r.payload, ks, cs, first)
-                store.put_row(r.meta.namespace, r.meta.fingerprint, r.meta.tokens, pieces, r.meta.reason)
-                _, served_by, back = store.read_row(r.meta.key)
-                exact += kv_chunks.join(ctx, back, served_by, r.meta.n_tokens) == r.payload
-            out["chunked"][cs] = {"bytes": store.used, "x": store.used / raw, "chunks": len(store.chunks),
-                                  "joins_equal_to_rows": exact}
-        ctx.close()
-        m.close()
+        out = measure_rows(root, wb.model_info(model)["path"], args)
     finally:
         wb.unload(model)
         wb.configure_cache([{"kind": "ram"}])
@@ -139,9 +142,46 @@ def chat_scenario(args: argparse.Namespace) -> dict:
     return out
 
 
+def measure_rows(root: Path, model_path: str, args: argparse.Namespace) -> dict:
+    """The engine's row files under root/rows, then the same rows stored as KV chunks."""
+    from workbench import _native
+    from workbench.cache.chunk_store import ChunkStore
+    from workbench.cache.format import read_row
+    from workbench.cache.keys import chunk_keys, tokens_from_bytes
+    from workbench.engine import kv_chunks
+
+    files = sorted((root / "rows").glob("*.kv"))
+    rows = [read_row(f) for f in files]
+    toks = [tokens_from_bytes(r.meta.tokens) for r in rows]
+    raw = distinct_tokens(toks) * KV_BYTES_PER_TOKEN
+    row_bytes = sum(f.stat().st_size for f in files)
+    out: dict = {"rows": len(rows), "tokens": [len(t) for t in toks], "distinct_tokens": distinct_tokens(toks),
+                 "raw_kv_bytes": raw, "row_bytes": row_bytes, "row_x": row_bytes / raw, "chunked": {}}
+    m = _native.Model(model_path, 0, True, False)
+    ctx = _native.Context(m, {"n_ctx": 8192, "n_seq_max": 1, "n_threads": args.threads})
+    for cs in (int(c) for c in args.chunk_sizes.split(",")):
+        store = ChunkStore(root / f"chunks-{cs}", chunk_size=cs)
+        exact = 0
+        for r in rows:
+            ks = chunk_keys(r.meta.namespace, r.meta.tokens, cs)
+            first = store.missing(r.meta.namespace, r.meta.tokens)
+            pieces = kv_chunks.cut_state(ctx, r.payload, ks, cs, first)
+            store.put_row(r.meta.namespace, r.meta.fingerprint, r.meta.tokens, pieces, r.meta.reason)
+        for r in rows:
+            _, served_by, back = store.read_row(r.meta.key)
+            exact += kv_chunks.join(ctx, back, served_by, r.meta.n_tokens) == r.payload
+        out["chunked"][cs] = {"bytes": store.used, "x": store.used / raw, "chunks": len(store.chunks),
+                              "joins_equal_to_rows": exact}
+    ctx.close()
+    m.close()
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--chat", action="store_true", help="the multi-turn chat storage scenario")
+    ap.add_argument("--fleet", action="store_true", help="the agent fleet storage scenario (shared tool prefix)")
+    ap.add_argument("--agents", type=int, default=6)
     ap.add_argument("--turns", type=int, default=4)
     ap.add_argument("--reply-tokens", type=int, default=160)
     ap.add_argument("--chunk-sizes", default="256,64,16")
@@ -150,8 +190,8 @@ def main() -> int:
     ap.add_argument("--flash-attn", default="auto", choices=("auto", "on", "off"))
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
-    if args.chat:
-        res = chat_scenario(args)
+    if args.chat or args.fleet:
+        res = storage_scenario(args, chat_conversation if args.chat else fleet_conversations)
         if args.json:
             args.json.write_text(json.dumps(res, indent=2))
         return 0
