@@ -225,3 +225,43 @@ def test_a_join_can_end_inside_its_last_chunk(model, tokens, flash_attn):
         assert ctx.seq_pos_max(1) == -1
     finally:
         ctx.close()
+
+
+def test_damaged_chunks_are_refused_or_join_never_crash(model, tokens):
+    """Bytes flipped anywhere in a chunk's header, layout or cells, and chunks cut short at
+    every length: the join refuses them (KvChunksRefused) or builds a state that the
+    pre-restore check then judges; nothing kills the process."""
+    import random
+
+    ctx = make_ctx(model, "off")
+    try:
+        prefill(ctx, [0], tokens[:40])
+        keys = chunk_keys(NS, tokens[:40], 16)
+        pieces = kv_chunks.cut(ctx, 0, keys, 16)
+        rng = random.Random(5)
+        head = 40 + int.from_bytes(pieces[1][20:24], "little") + 16 * 20  # header, layout, cells
+        outcomes = {"refused": 0, "joined": 0}
+        for _ in range(400):
+            bad = bytearray(pieces[1])
+            at = rng.randrange(head)
+            bad[at] ^= 1 << rng.randrange(8)
+            try:
+                kv_chunks.join(ctx, [pieces[0], bytes(bad), pieces[2]], keys)
+                outcomes["joined"] += 1
+            except KvChunksRefused:
+                outcomes["refused"] += 1
+        for cut_at in range(0, len(pieces[2]), max(1, len(pieces[2]) // 97)):
+            with pytest.raises(KvChunksRefused):
+                kv_chunks.join(ctx, [pieces[0], pieces[1], pieces[2][:cut_at]], keys)
+        assert outcomes["refused"] > 300  # a flip in a checked field is refused
+        ctx.seq_rm(1, -1, -1)
+        for _ in range(20):  # and a flip that joins is judged before llama.cpp restores it
+            bad = bytearray(pieces[1])
+            bad[rng.randrange(head)] ^= 0xFF
+            try:
+                kv_chunks.load(ctx, 1, [pieces[0], bytes(bad), pieces[2]], keys)
+            except KvChunksRefused:
+                pass
+            ctx.seq_rm(1, -1, -1)
+    finally:
+        ctx.close()
