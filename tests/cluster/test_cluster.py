@@ -240,6 +240,24 @@ def test_embed_through_the_cluster_is_the_in_process_embedding(cluster, model):
     assert np.allclose(cluster.embed("a red apple"), wb.embed(model, "a red apple"), atol=1e-4)
 
 
+def test_least_loaded_spreads_concurrent_streams_by_their_in_flight_count(cluster, scope):
+    cluster.set_router("least_loaded")
+    try:
+        streams = [cluster.stream("Once upon a time", response_tokens=1000, ignore_eos=True, cache_scope=scope)
+                   for _ in range(4)]
+        reasons = [rec["reason"] for rec in list(cluster.routing.log)[-4:]]
+        where = [s.replica for s in streams]
+    finally:
+        cluster.set_router("cache_affinity")
+        for s in streams:
+            s.cancel()
+    assert sorted(where.count(m.name) for m in cluster.members) == [2, 2]
+    assert reasons[-1] == "least loaded (1 in flight)"
+    for s in streams:
+        assert s.result().finish_reason == "cancelled"
+    assert all(m.in_flight == 0 for m in cluster.members)
+
+
 # --- faults (last: they kill replicas) ---------------------------------------------------------
 
 def test_a_replica_killed_mid_stream_ends_the_stream_with_an_error_naming_it(cluster, scope):

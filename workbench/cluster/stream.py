@@ -65,6 +65,7 @@ class Pump:
         self.done: Done | None = None
         self.error: BaseException | None = None
         self._cancelled = False
+        self._ended = False  # on_end ran for the replica it ended on
         self._thread = threading.Thread(target=self._run, name=f"wb-cluster-{ref}", daemon=True)
         self._thread.start()
 
@@ -90,9 +91,16 @@ class Pump:
         finally:
             self.request.phase = "done"
             try:
-                self.on_end(self)  # before the end is seen: the load and the log are current then
+                self._end_once()
             finally:
                 self.request.finished.set()
+
+    def _end_once(self) -> None:
+        """Release the replica and log the outcome, before the last event is seen (so the
+        load and the decisions log are current when the caller has its result)."""
+        if not self._ended:
+            self._ended = True
+            self.on_end(self)
 
     def _read(self) -> bool:
         """Read the generator to its end; True when the stream is over, False when it was
@@ -133,8 +141,10 @@ class Pump:
             self.request.phase = "generating"
         elif isinstance(ev, Done):
             self.done = ev
+            self._end_once()
         elif isinstance(ev, Error):
             self.error = ev.reason
+            self._end_once()
         self.request.events.put(ev)
 
 
