@@ -234,3 +234,31 @@ def test_chunks_promote_to_ram_and_demote_one_at_a_time(tmp_path):
     assert not view[shared.hex()]["leaf"] and view[keys.chunk_keys(NS, a, CS)[1].hex()]["leaf"]
     store.remove_row(keys.row_key(NS, b))
     assert store.ram.used == sum(len(p) for p in store.ram.payloads.values())
+
+
+@pytest.mark.parametrize("policy", ["lru", "lfu", "frecency", "gdsf", "s3fifo",
+                                    lambda row, now: -row.n_tokens])
+def test_every_policy_evicts_leaves_only_within_the_budget(tmp_path, policy):
+    rng = random.Random(3)
+    sys_prompt = list(range(8))
+    probe = ChunkStore(tmp_path / "p", chunk_size=CS)
+    put(probe, sys_prompt + [100, 101, 102, 103])
+    store = ChunkStore(tmp_path / "d", probe.used * 4, chunk_size=CS, policy=policy)
+    evict = store._evict
+
+    def leaf_only(victim):
+        assert store.children(victim.key) == 0, "evicted a chunk others depend on"
+        evict(victim)
+
+    store._evict = leaf_only  # type: ignore[method-assign]
+    for i in range(40):
+        tokens = sys_prompt + [1000 + i] * rng.randrange(1, 9)
+        assert put(store, tokens) is not None
+        assert store.used <= store.budget
+        if rng.random() < 0.5 and store.rows:
+            store.read_row(rng.choice(sorted(store.rows)))
+        # every stored chunk's parent chain is stored: nothing was evicted before its dependents
+        for c in store.chunks.values():
+            assert c.parent is None or c.parent in store.chunks
+    assert store.counters.get("evictions_chunks") > 0
+    assert keys.row_key(NS, tokens) in store  # the row just written

@@ -83,6 +83,9 @@ class ChunkStore(ChunkCatalog):
         self.clock = clock
         self.used = 0
         self.ram = RamChunks(ram_budget_bytes, self.score, self.counters)  # copies, per chunk
+        set_capacity = getattr(self.policy, "set_capacity", None)
+        if set_capacity is not None:
+            set_capacity(budget_bytes)
 
     # --- paths -----------------------------------------------------------------------------
 
@@ -94,7 +97,16 @@ class ChunkStore(ChunkCatalog):
 
     def _adopt_chunk(self, meta: ChunkMeta, size: int, created_at: float) -> ChunkInfo:
         self.used += size
-        return self.add_chunk(meta, size, created_at)
+        info = self.add_chunk(meta, size, created_at)
+        self._hook("on_admit", info)
+        self._hook("on_insert", info)
+        return info
+
+    def _hook(self, name: str, info: ChunkInfo) -> None:
+        """A policy's optional hook (policies.py), called with the chunk's RowStats."""
+        fn = getattr(self.policy, name, None)
+        if fn is not None:
+            fn(info.stats)
 
     def _absorb(self, c: ChunkInfo) -> None:
         """Tail chunks whose positions ``c`` holds too go; their rows are served by ``c``."""
@@ -199,7 +211,7 @@ class ChunkStore(ChunkCatalog):
             stats.hits += 1
             stats.last_hit_at = now
             stats.seq = self.tick()
-            getattr(self.policy, "on_hit", lambda row: None)(stats)
+            self._hook("on_hit", self.chunks[k])
         return out
 
     def read_row(self, key: str, max_payload: int | None = None) -> tuple[Manifest, tuple[bytes, ...], list[bytes]]:
@@ -243,6 +255,7 @@ class ChunkStore(ChunkCatalog):
             return
         self.pop_chunk(key)
         self.ram.discard(key)
+        self._hook("on_remove", info)
         self.used -= info.size
         unlink_quietly(self._chunk_path(key))
 
@@ -258,12 +271,26 @@ class ChunkStore(ChunkCatalog):
             victim = self._victim(keep)
             if victim is None:
                 return False
-            self.counters.inc("evictions_chunks")
-            getattr(self.policy, "on_evict", lambda row: None)(victim.stats)
-            self._drop_chunk(victim.key)
+            self._evict(victim)
         return True
 
+    def _evict(self, victim: ChunkInfo) -> None:
+        self.counters.inc("evictions_chunks")
+        self._hook("on_evict", victim)
+        self._drop_chunk(victim.key)
+
     def _victim(self, keep: set[bytes]) -> ChunkInfo | None:
+        """The leaf to evict: the policy's own choice when it makes one (s3fifo), with every
+        chunk that is not an evictable leaf treated as protected; else the lowest score."""
+        choose = getattr(self.policy, "victim", None)
+        if choose is not None:
+            def held(hex_key: str) -> bool:
+                c = self.chunks.get(bytes.fromhex(hex_key))
+                return c is None or c.key in keep or c.stats.protected or self.children(c.key) > 0
+            picked = choose(held)
+            c = None if picked is None else self.chunks.get(bytes.fromhex(picked))
+            if c is not None and not held(picked):
+                return c
         now = self.clock()
         heap = [(c.stats.protected, self.policy.priority(c.stats, now), c.stats.seq, c.key)
                 for c in self.leaves() if c.key not in keep]
@@ -276,8 +303,7 @@ class ChunkStore(ChunkCatalog):
             victim = self._victim(set())
             if victim is None:
                 break
-            self.counters.inc("evictions_chunks")
-            self._drop_chunk(victim.key)
+            self._evict(victim)
         return before - self.used
 
     # --- start-up ------------------------------------------------------------------------
