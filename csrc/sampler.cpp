@@ -88,7 +88,7 @@ public:
         }
         // the penalty window: -1 (or more) = the model's trained context; llama.cpp allocates
         // the window up front, so nothing larger reaches it
-        const long long n_train = std::max(1, llama_model_n_ctx_train(model->get()));
+        const long long n_train = std::max(1, model->n_ctx_train());  // the file's value, not a YaRN-rewritten one
         const long long last_n = repeat_last_n < 0 || repeat_last_n > n_train ? n_train : repeat_last_n;
         const bool penalties = repeat_penalty != 1.0 || freq_penalty != 0.0 || presence_penalty != 0.0;
         if (penalties && last_n > 0) {
