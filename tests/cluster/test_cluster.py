@@ -282,6 +282,10 @@ def test_a_replica_killed_mid_stream_ends_the_stream_with_an_error_naming_it(clu
     assert cluster.replicas().loc[victim, "restarts"] == 1
     with pytest.raises(SessionLost):  # restarted: a fresh engine, the session is gone
         cluster.continue_session("doomed", [1, 2, 3], cache_scope=scope)
+    # a turn with its whole prompt starts the session again where the router says
+    again = cluster.complete(prefix(6, 30), response_tokens=2, session_id="doomed", cache_scope=scope)
+    assert list(cluster.routing.log)[-1]["reason"].startswith(f"session lost with {victim}; ")
+    assert cluster.continue_session("doomed", [7, 8], response_tokens=2, cache_scope=scope).model == again.model
 
 
 def test_a_request_with_no_token_yet_is_retried_once_on_another_replica(cluster, scope):
