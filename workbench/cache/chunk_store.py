@@ -38,6 +38,7 @@ from typing import Any
 from workbench.cache import keys
 from workbench.cache.chunk_catalog import ChunkCatalog, ChunkInfo
 from workbench.cache.chunk_ram import RamChunks
+from workbench.cache.chunk_scan import read_dir
 from workbench.cache.chunk_format import (
     CHUNK_SUFFIX,
     MANIFEST_SUFFIX,
@@ -49,17 +50,14 @@ from workbench.cache.chunk_format import (
     encode_manifest,
     manifest_size,
     read_chunk,
-    read_manifest,
 )
 from workbench.cache.counters import Counters
 from workbench.cache.format import CorruptReason, CorruptRow
 from workbench.cache.policies import EvictionPolicy, get_policy
 from workbench.cache.store import (
-    ROW_SUFFIX,
     TMP_MARK,
     ensure_private_dir,
     fsync_dir,
-    is_orphan,
     publish_file,
     unlink_quietly,
 )
@@ -318,34 +316,10 @@ class ChunkStore(ChunkCatalog):
             self.counters.inc(f"rejected_{reason}")
             self.counters.inc("rejected_total")
 
-        chunk_files: dict[bytes, tuple[ChunkMeta, int]] = {}
-        manifests: list[tuple[str, Manifest]] = []
-        now = time.time()
-        for entry in os.scandir(self.root):
-            name = entry.name
-            if TMP_MARK in name:
-                if is_orphan(entry, now, tmp_ttl_s):
-                    unlink_quietly(entry.path)
-                    self.counters.inc("orphans_removed")
-                continue
-            try:
-                if name.endswith(CHUNK_SUFFIX):
-                    meta, _, length = read_chunk(entry.path, load_payload=False)
-                    if name != meta.key.hex() + CHUNK_SUFFIX:
-                        raise CorruptRow(CorruptReason.KEY_MISMATCH, name)
-                    chunk_files[meta.key] = (meta, chunk_file_size(meta.n_tokens, length))
-                elif name.endswith(MANIFEST_SUFFIX):
-                    m = read_manifest(entry.path)
-                    if name != m.key + MANIFEST_SUFFIX:
-                        raise CorruptRow(CorruptReason.KEY_MISMATCH, name)
-                    manifests.append((entry.path, m))
-                elif name.endswith(ROW_SUFFIX):
-                    raise CorruptRow(CorruptReason.BAD_VERSION, "a version 1 row file")
-            except CorruptRow as exc:
-                reject(entry.path, exc.reason.value)
-            except OSError:
-                continue
-        self._adopt_chains(chunk_files, reject)
+        found = read_dir(self.root, reject, tmp_ttl_s)
+        self.counters.inc("orphans_removed", found.tmp_removed)
+        self._adopt_chains(found.chunks)
+        manifests = found.manifests
         for path, m in manifests:
             served_by = None if m.key in self.rows else self.resolve(m)
             if served_by is None:
@@ -362,8 +336,7 @@ class ChunkStore(ChunkCatalog):
             self._drop_chunk(info.key)
         return rejected
 
-    def _adopt_chains(self, found: dict[bytes, tuple[ChunkMeta, int]],
-                      reject: Callable[[str, str], None]) -> None:
+    def _adopt_chains(self, found: dict[bytes, tuple[ChunkMeta, int]]) -> None:
         """Adopt chunks parent first; a chunk whose parent is absent is an orphan."""
         pending = dict(found)
         progress = True
