@@ -262,3 +262,34 @@ def test_every_policy_evicts_leaves_only_within_the_budget(tmp_path, policy):
             assert c.parent is None or c.parent in store.chunks
     assert store.counters.get("evictions_chunks") > 0
     assert keys.row_key(NS, tokens) in store  # the row just written
+
+
+def test_sparse_huge_files_are_refused_without_being_read(tmp_path):
+    import struct
+    import time
+
+    root = tmp_path / "d"
+    store = ChunkStore(root, 10**6, chunk_size=CS)
+    a = list(range(6))
+    put(store, a)
+    chunk = store._chunk_path(keys.chunk_keys(NS, a, CS)[0])
+    raw = bytearray(chunk.read_bytes())
+    huge = 40 << 30
+    struct.pack_into("<Q", raw, 24, huge)  # payload length: 40 GiB
+    with open(chunk, "r+b") as f:
+        f.write(raw[:160])
+        f.truncate(160 + 16 + huge)  # sparse
+    start = time.monotonic()
+    with pytest.raises(CorruptRow, match="too_large"):
+        store.read_row(keys.row_key(NS, a))
+    assert time.monotonic() - start < 2 and not chunk.exists()
+    manifest = root / ("cd" * 16 + MANIFEST_SUFFIX)
+    head = bytearray(160)
+    head[:10] = b"WBKVMAN\x00\x02\x00"
+    struct.pack_into("<II", head, 20, 1 << 30, 1 << 28)  # a billion tokens
+    manifest.write_bytes(bytes(head))
+    with open(manifest, "r+b") as f:
+        f.truncate(160 + 4 * (1 << 30) + 16 * (1 << 28))
+    start = time.monotonic()
+    assert ChunkStore(root, chunk_size=CS).scan()["too_large"] == 1
+    assert time.monotonic() - start < 2 and not manifest.exists()

@@ -76,6 +76,9 @@ HEADER_SIZE = 160
 assert CHUNK_HEADER.size == HEADER_SIZE and MANIFEST_HEADER.size == HEADER_SIZE
 _CHECKED = HEADER_SIZE - 8
 _NO_PARENT = bytes(keys.KEY_SIZE)
+#: No row or chunk holds more tokens than this (no context is that long): a header that
+#: claims more is refused before its tokens are read (a sparse file cannot flood memory).
+MAX_TOKENS = 1 << 22
 
 
 @dataclass(slots=True, frozen=True)
@@ -175,6 +178,8 @@ def read_chunk(path: str | os.PathLike[str], *, load_payload: bool = True,
         _check_magic(head, CHUNK_MAGIC)
         (_, _, flags, p0, n_tokens, _, payload_len, key, parent, namespace, fingerprint,
          checksum, created_at, header_check) = CHUNK_HEADER.unpack(head)
+        if n_tokens > MAX_TOKENS:
+            raise CorruptRow(CorruptReason.TOO_LARGE, f"{n_tokens} tokens")
         _sizes(file_size, chunk_file_size(n_tokens, payload_len))
         if max_payload is not None and payload_len > max_payload:
             raise CorruptRow(CorruptReason.TOO_LARGE, f"payload of {payload_len} bytes, at most {max_payload}")
@@ -220,6 +225,8 @@ def read_manifest(path: str | os.PathLike[str]) -> Manifest:
         _check_magic(head, MANIFEST_MAGIC)
         (_, _, flags, reason, _, _, chunk_size, n_tokens, n_chunks, hits, created_at, _, key_raw,
          namespace, fingerprint, _, header_check) = MANIFEST_HEADER.unpack(head)
+        if n_tokens > MAX_TOKENS or n_chunks > MAX_TOKENS:
+            raise CorruptRow(CorruptReason.TOO_LARGE, f"{n_tokens} tokens in {n_chunks} chunks")
         _sizes(file_size, manifest_size(n_tokens, n_chunks))
         body = f.read(file_size - HEADER_SIZE)
     if xxhash.xxh3_64_intdigest(head[:_CHECKED] + body) != header_check:

@@ -177,8 +177,8 @@ class ChunkStore(ChunkCatalog):
 
     def read_chunks(self, chunk_keys: Sequence[bytes], max_payload: int | None = None) -> list[bytes]:
         """The payloads of a chain of chunks, each verified; CorruptRow (the bad chunk and
-        the rows naming it removed) when one does not verify, RowMissing-like KeyError when
-        one is not stored."""
+        the rows naming it removed) when one does not verify or its payload is longer than
+        ``max_payload`` (default: the store's budget), KeyError when one is not stored."""
         out = []
         from_files = []
         now = self.clock()
@@ -191,7 +191,8 @@ class ChunkStore(ChunkCatalog):
                 out.append(payload)
                 continue
             try:
-                _, payload, _ = read_chunk(self._chunk_path(k), max_payload=max_payload)
+                _, payload, _ = read_chunk(self._chunk_path(k),
+                                           max_payload=self.budget if max_payload is None else max_payload)
             except CorruptRow as exc:
                 self.reject_chunk(k, exc.reason)
                 raise
