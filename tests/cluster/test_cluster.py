@@ -258,6 +258,18 @@ def test_least_loaded_spreads_concurrent_streams_by_their_in_flight_count(cluste
     assert all(m.in_flight == 0 for m in cluster.members)
 
 
+def test_a_replica_the_cluster_has_no_cpu_for_is_a_replica_down_naming_it(cluster, model_path):
+    import workbench.cluster as wc
+
+    # the running Ray is reused (not started again) and its 2 CPUs are held by the 2 replicas
+    with pytest.raises(ReplicaDown) as e:
+        wc.start(replicas=1, model=str(model_path), model_id="extra", ready_timeout_s=3)
+    assert e.value.replica == "extra-0" and "did not start within 3 s" in str(e.value)
+    assert "has 2 CPUs" in str(e.value)
+    assert ray.is_initialized() and wc.current() is cluster
+    assert cluster.complete("Hi", response_tokens=2).finish_reason in ("length", "stop")
+
+
 # --- faults (last: they kill replicas) ---------------------------------------------------------
 
 def test_a_replica_killed_mid_stream_ends_the_stream_with_an_error_naming_it(cluster, scope):
