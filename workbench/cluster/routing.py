@@ -34,6 +34,7 @@ class Routing:
         self.members = list(members)
         self.router = router
         self._lock = threading.Lock()
+        self._choosing = threading.Lock()
         self._sessions: dict[SessionKey, tuple[int, str]] = {}
         self.log: collections.deque[dict[str, Any]] = collections.deque(maxlen=log_size)
         self._refs = itertools.count(1)
@@ -63,13 +64,15 @@ class Routing:
         ups = self.up(exclude)
         if not ups:
             raise ReplicaDown("", "no replica is up (every one is down or restarting)")
-        facts = self._facts(ups, request)
-        if not facts:
-            raise ReplicaDown("", "no replica answered the probe")
-        decision = self._choose(request, facts)
-        if lost is not None:
-            decision = Decision(decision.replica, f"session lost with {lost}; {decision.reason}")
-        return self._take(self.members[decision.replica], decision, request, kind, ref, session, facts)
+        probed = self._probe(ups, request) if getattr(self.router, "probe", False) else None
+        with self._choosing:  # routers keep state (turns, history); a pick and its count go together
+            facts = self._facts(ups, probed)
+            if not facts:
+                raise ReplicaDown("", "no replica answered the probe")
+            decision = self._choose(request, facts)
+            if lost is not None:
+                decision = Decision(decision.replica, f"session lost with {lost}; {decision.reason}")
+            return self._take(self.members[decision.replica], decision, request, kind, ref, session, facts)
 
     def _owner(self, session: SessionKey, exclude: set[int]) -> Member | str | None:
         """The member holding the session, or the name of the one that lost it, or None."""
@@ -90,12 +93,14 @@ class Routing:
                                 f"a Decision naming a replica that is up (one of {sorted(ok)}), not {decision!r}")
         return decision
 
-    def _facts(self, ups: list[Member], request: RouteRequest) -> list[ReplicaFacts]:
-        probed: dict[int, dict[str, int]] = {}
-        if getattr(self.router, "probe", False):
-            probed = self._probe(ups, request)
+    @staticmethod
+    def _facts(ups: list[Member], probed: dict[int, dict[str, int]] | None) -> list[ReplicaFacts]:
+        """What the router sees: the loads now, and the probes (a replica that did not
+        answer its probe is left out)."""
+        if probed is not None:
             ups = [m for m in ups if m.index in probed]
-        return [ReplicaFacts(m.index, m.name, m.in_flight, m.routed, **probed.get(m.index, {})) for m in ups]
+        return [ReplicaFacts(m.index, m.name, m.in_flight, m.routed, **(probed or {}).get(m.index, {}))
+                for m in ups]
 
     def _probe(self, ups: list[Member], request: RouteRequest) -> dict[int, dict[str, int]]:
         """Every replica's exact cached prefix and queue, asked in parallel; a replica
