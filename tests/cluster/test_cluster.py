@@ -270,6 +270,18 @@ def test_a_replica_the_cluster_has_no_cpu_for_is_a_replica_down_naming_it(cluste
     assert cluster.complete("Hi", response_tokens=2).finish_reason in ("length", "stop")
 
 
+def test_a_user_router_naming_no_replica_is_an_invalid_option(cluster, scope):
+    cluster.set_router(lambda request, replicas: 99)
+    try:
+        with pytest.raises(InvalidOption) as e:
+            cluster.complete("Hi", response_tokens=2, cache_scope=scope)
+    finally:
+        cluster.set_router("cache_affinity")
+    assert e.value.key == "router" and "replica=99" in str(e.value) and "one of [0, 1]" in str(e.value)
+    assert all(m.in_flight == 0 for m in cluster.members)
+    assert cluster.complete("Hi", response_tokens=2, cache_scope=scope).finish_reason in ("length", "stop")
+
+
 # --- faults (last: they kill replicas) ---------------------------------------------------------
 
 def test_a_replica_killed_mid_stream_ends_the_stream_with_an_error_naming_it(cluster, scope):
