@@ -145,3 +145,48 @@ class ChunkReference:
 def chunk_cache(chunk_size: int = 256) -> Callable[..., Any]:
     """A cache_factory for reference_replay."""
     return lambda size, policy, clock: ChunkReference(size, policy, clock, chunk_size)
+
+
+class ChunkStoreCache:
+    """`chunk_store.ChunkStore` (files in ``root``) behind the calls reference_replay makes:
+    the real chunked store, its own lookup (rows, and chains of full chunks extended to the
+    last agreeing token), reads and eviction, with zero payloads of the right sizes."""
+
+    def __init__(self, root: str, size_bytes: int, policy: PolicySpec, clock: Callable[[], float],
+                 bytes_per_token: int) -> None:
+        from workbench.cache.chunk_store import ChunkStore
+
+        self.store = ChunkStore(root, size_bytes, policy=policy, clock=clock)
+        self.bpt = bytes_per_token
+        self._match: Any = None
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.store.rows
+
+    def lookup(self, ns: CacheNamespace, prompt: list[int]) -> Match | None:
+        self._match = self.store.lookup(ns.digest(), prompt)
+        return None if self._match is None else Match(self._match.key or "chain", self._match.n_tokens)
+
+    def get(self, key: str) -> bytes:
+        self.store.read_chunks(self._match.chunks)
+        return b""
+
+    def put(self, ns: CacheNamespace, tokens: list[int], payload: bytes, why: str) -> None:
+        from workbench.cache.types import SaveReason
+
+        digest, size = ns.digest(), self.store.chunk_size
+        first = self.store.missing(digest, tokens)
+        n = len(chunk_keys(digest, tokens, size))
+        pieces = [bytes(min(size, len(tokens) - size * i) * self.bpt) for i in range(first, n)]
+        self.store.put_row(digest, bytes(32), tokens, pieces, SaveReason.parse(why), pinned=why == "agent_prefix")
+
+    def pin(self, key: str) -> None:
+        self.store.pin(key)
+
+
+def chunk_store_cache(root: str, bytes_per_token: int) -> Callable[..., Any]:
+    """A cache_factory for reference_replay: a fresh ChunkStore under ``root`` per call."""
+    import tempfile
+
+    return lambda size, policy, clock: ChunkStoreCache(tempfile.mkdtemp(dir=root), size, policy, clock,
+                                                       bytes_per_token)
