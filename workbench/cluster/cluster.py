@@ -20,7 +20,7 @@ import ray
 
 from ..api import collect
 from ..chat import ChatResult
-from ..engine.events import CompletionResult
+from ..engine.events import CompletionResult, Stats
 from ..errors import InvalidOption, ReplicaDown
 from ..options import RequestOptions, build, check_scope, check_session_id
 from .members import ACTOR_GONE, Member
@@ -110,21 +110,28 @@ class Cluster:
         ref = self.routing.next_ref()
         m = self.routing.route(key, "prefill", ref)
         try:
-            return self.call_replica(m, "prefill_only", (_wire_prompt(prompt),), opts)
+            result: CompletionResult = self.call_replica(m, "prefill_only", (_wire_prompt(prompt),), opts)
+        except BaseException as e:
+            self.routing.record_outcome(ref, m.name, {"error": type(e).__name__})
+            raise
         finally:
             m.release()
+        self.routing.record_outcome(ref, m.name, outcome_of(result.stats, result.finish_reason))
+        return result
 
     def _start(self, kind: str, call: str, args: tuple[Any, ...], opts: Mapping[str, Any], key: RouteRequest,
                session: SessionKey | None, continuing: bool = False) -> ClusterStream:
         ref = self.routing.next_ref()
         start = functools.partial(self._start_on, ref, kind, call, args, dict(opts), key, session, continuing)
+        retried_from = None
         try:
             member, gen, local = start(None)
         except ReplicaDown as first:
             if not first.replica:
                 raise
+            retried_from = first.replica
             member, gen, local = start(self.member(first.replica))  # retried once on another replica
-        pump = Pump(ref, member, gen, local, start, self._ended)
+        pump = Pump(ref, member, gen, local, start, self._ended, retried_from)
         return (ClusterChatStream if call == "chat_stream" else ClusterStream)(pump)
 
     def _start_on(self, ref: int, kind: str, call: str, args: tuple[Any, ...], opts: dict[str, Any],
@@ -149,10 +156,7 @@ class Cluster:
         m = pump.member
         m.release()
         if pump.done is not None:
-            s = pump.done.stats
-            outcome: dict[str, Any] = {"hit": s.cache_hit_kind, "prompt_tokens": s.prompt_tokens,
-                                       "reused_tokens": s.prompt_tokens - s.prefilled_tokens,
-                                       "ttft_s": s.ttft_s, "finish": pump.done.finish_reason}
+            outcome = outcome_of(pump.done.stats, pump.done.finish_reason)
         else:
             outcome = {"error": type(pump.error).__name__ if pump.error is not None else "ReplicaDown"}
         self.routing.record_outcome(pump.request.ref, m.name, outcome)
@@ -313,6 +317,12 @@ class Cluster:
     def __repr__(self) -> str:
         states = ", ".join(f"{m.name}:{m.state}" for m in self.members)
         return f"<Cluster router={router_name(self.router)!r} replicas=[{states}]>"
+
+
+def outcome_of(s: Stats, finish_reason: str) -> dict[str, Any]:
+    """What the decisions log keeps of a finished request."""
+    return {"hit": s.cache_hit_kind, "prompt_tokens": s.prompt_tokens,
+            "reused_tokens": s.prompt_tokens - s.prefilled_tokens, "ttft_s": s.ttft_s, "finish": finish_reason}
 
 
 def _wire_prompt(prompt: Any) -> str | list[int]:

@@ -56,12 +56,12 @@ class Pump:
     """Moves one request's events from its replica to the stream's queue (see the module doc)."""
 
     def __init__(self, ref: int, member: Member, gen: Any, local_ref: int, restart: Restart | None,
-                 on_end: Callable[[Pump], None]) -> None:
+                 on_end: Callable[[Pump], None], retried_from: str | None = None) -> None:
         self.request = RemoteRequest(ref)
         self.member, self.gen, self.local_ref = member, gen, local_ref
         self.restart, self.on_end = restart, on_end
         self.tokens = 0
-        self.retried_from: str | None = None
+        self.retried_from = retried_from  # set: the one retry was used (at the start, or later here)
         self.done: Done | None = None
         self.error: BaseException | None = None
         self._cancelled = False
