@@ -1,5 +1,6 @@
 """The eviction lab: request traces, a payload-free simulation built from the cache's own
-classes, and replays that compare eviction policies at several byte budgets.
+classes (the chunk model by default: chunksim.py; whole rows: simcache.py), and replays
+that compare eviction policies at several byte budgets.
 
     from workbench import lab
     from workbench.lab import traces
@@ -15,10 +16,10 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["default_sizes", "experiment", "measure", "plan", "plot_miss_ratio_curves", "replay", "simcache",
-           "traces"]
+__all__ = ["chunks", "chunksim", "default_sizes", "experiment", "measure", "plan", "plot_miss_ratio_curves",
+           "replay", "simcache", "traces"]
 
-_MODULES = {"experiment", "plan", "simcache", "traces"}
+_MODULES = {"chunks", "chunksim", "experiment", "plan", "simcache", "traces"}
 _NAMES = {"replay", "measure", "plot_miss_ratio_curves", "default_sizes", "DEFAULT_POLICIES"}
 
 
