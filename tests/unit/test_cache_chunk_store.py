@@ -293,3 +293,28 @@ def test_sparse_huge_files_are_refused_without_being_read(tmp_path):
     start = time.monotonic()
     assert ChunkStore(root, chunk_size=CS).scan()["too_large"] == 1
     assert time.monotonic() - start < 2 and not manifest.exists()
+
+
+def test_a_store_in_memory_counts_and_evicts_as_one_on_disk(tmp_path):
+    """root=None keeps chunks in memory with the same bookkeeping: the same puts, reads and
+    budget give the same rows, chunks, bytes and evictions as files do."""
+    rng = random.Random(9)
+    probe = ChunkStore(None, chunk_size=CS)
+    put(probe, list(range(12)))
+    clocks = [iter(range(10**6)).__next__, iter(range(10**6)).__next__]
+    stores = [ChunkStore(tmp_path / "d", probe.used * 3, chunk_size=CS, clock=lambda: float(clocks[0]())),
+              ChunkStore(None, probe.used * 3, chunk_size=CS, clock=lambda: float(clocks[1]()))]
+    for i in range(30):
+        tokens = list(range(4)) + [100 + i % 5] * rng.randrange(1, 12)
+        got = [put(s, tokens) for s in stores]
+        assert got[0] == got[1]
+        if i % 3 == 0:
+            key = rng.choice(sorted(stores[0].rows))
+            assert stores[0].read_row(key)[1:] == stores[1].read_row(key)[1:]
+    disk, mem = stores
+    assert (disk.used, sorted(disk.rows), sorted(disk.chunks)) == (mem.used, sorted(mem.rows), sorted(mem.chunks))
+    assert disk.counters.get("evictions_chunks") == mem.counters.get("evictions_chunks") > 0
+    assert disk.used == sum(p.stat().st_size for p in disk.root.iterdir())
+    assert {c["tier"] for c in mem.chunk_rows()} == {"ram"}
+    with pytest.raises(AttributeError):
+        _ = mem.root

@@ -37,28 +37,20 @@ from typing import Any
 
 from workbench.cache import keys
 from workbench.cache.chunk_catalog import ChunkCatalog, ChunkInfo
+from workbench.cache.chunk_backends import ChunkDir, ChunkMemory
 from workbench.cache.chunk_ram import RamChunks
-from workbench.cache.chunk_scan import read_dir
 from workbench.cache.chunk_format import (
     CHUNK_SUFFIX,
-    MANIFEST_SUFFIX,
     ChunkMeta,
     Manifest,
     chunk_file_size,
     chunks_of,
-    encode_chunk,
-    encode_manifest,
     manifest_size,
-    read_chunk,
 )
 from workbench.cache.counters import Counters
 from workbench.cache.format import CorruptReason, CorruptRow
 from workbench.cache.policies import EvictionPolicy, get_policy
 from workbench.cache.store import (
-    TMP_MARK,
-    ensure_private_dir,
-    fsync_dir,
-    publish_file,
     unlink_quietly,
 )
 from workbench.cache.types import SaveReason
@@ -67,14 +59,17 @@ DEFAULT_CHUNK_SIZE = 256
 
 
 class ChunkStore(ChunkCatalog):
-    """Rows as manifests over content-addressed chunks in one private directory."""
+    """Rows as manifests over content-addressed chunks in one private directory (``root``),
+    or in process memory (``root=None``)."""
 
-    def __init__(self, root: str | os.PathLike[str], budget_bytes: int | None = None, *,
+    def __init__(self, root: str | os.PathLike[str] | None, budget_bytes: int | None = None, *,
                  chunk_size: int = DEFAULT_CHUNK_SIZE, policy: Any = "lru",
                  counters: Counters | None = None, clock: Callable[[], float] = time.time,
                  ram_budget_bytes: int = 0) -> None:
         super().__init__(chunk_size)
-        self.root = ensure_private_dir(Path(root))
+        self.files: ChunkDir | ChunkMemory = ChunkMemory() if root is None else ChunkDir(root)
+        if root is None and ram_budget_bytes:
+            raise ValueError("a store in memory has no RAM copies (ram_budget_bytes must be 0)")
         self.budget = budget_bytes
         self.policy: EvictionPolicy = get_policy(policy)
         self.counters = counters or Counters()
@@ -85,13 +80,17 @@ class ChunkStore(ChunkCatalog):
         if set_capacity is not None:
             set_capacity(budget_bytes)
 
-    # --- paths -----------------------------------------------------------------------------
+    # --- where things live ----------------------------------------------------------------
+
+    @property
+    def root(self) -> Path:
+        """The directory (a store in memory has none)."""
+        if not isinstance(self.files, ChunkDir):
+            raise AttributeError("this chunk store keeps its chunks in memory")
+        return self.files.root
 
     def _chunk_path(self, key: bytes) -> Path:
         return self.root / f"{key.hex()}{CHUNK_SUFFIX}"
-
-    def _manifest_path(self, key: str) -> Path:
-        return self.root / f"{key}{MANIFEST_SUFFIX}"
 
     def _adopt_chunk(self, meta: ChunkMeta, size: int, created_at: float) -> ChunkInfo:
         self.used += size
@@ -141,13 +140,11 @@ class ChunkStore(ChunkCatalog):
             return None
         written = []
         for m, p in new:
-            publish_file(self.root, self._chunk_path(m.key), m.key.hex(), (encode_chunk(m, p), p))
-            written.append(self._adopt_chunk(m, chunk_file_size(m.n_tokens, len(p)), now))
+            written.append(self._adopt_chunk(m, self.files.write_chunk(m, p), now))
             self.ram.promote(written[-1], p, self.chunks)
             self.counters.inc("chunks_written")
         self.counters.inc("chunks_shared", len(metas) - len(new))
-        publish_file(self.root, self._manifest_path(key), key, (encode_manifest(manifest),))
-        self.used += manifest_size(manifest.n_tokens, len(metas))
+        self.used += self.files.write_manifest(manifest)
         served_by = self.resolve(manifest)
         assert served_by is not None
         self.add_row(manifest, served_by)
@@ -165,11 +162,7 @@ class ChunkStore(ChunkCatalog):
         if not m.pinned:
             m = Manifest(m.key, m.namespace, m.fingerprint, m.tokens, m.chunk_size, m.chunks, m.reason,
                          m.created_at, m.hits, True)
-            tmp = self.root / f"{key}{TMP_MARK}pin{MANIFEST_SUFFIX}"
-            unlink_quietly(tmp)
-            publish_file(self.root, tmp, key, (encode_manifest(m),))
-            os.replace(tmp, self._manifest_path(key))
-            fsync_dir(self.root)
+            self.files.replace_manifest(m)
             self.rows[key] = m
         self.protect(self.row_chunks[key])
 
@@ -191,14 +184,10 @@ class ChunkStore(ChunkCatalog):
                 out.append(payload)
                 continue
             try:
-                _, payload, _ = read_chunk(self._chunk_path(k),
-                                           max_payload=self.budget if max_payload is None else max_payload)
+                payload = self.files.read_chunk(k, self.budget if max_payload is None else max_payload)
             except CorruptRow as exc:
                 self.reject_chunk(k, exc.reason)
                 raise
-            except FileNotFoundError:
-                self.reject_chunk(k, CorruptReason.TRUNCATED)
-                raise CorruptRow(CorruptReason.TRUNCATED, "chunk file missing") from None
             self.counters.inc("chunk_reads_file")
             from_files.append((k, payload))
             out.append(payload)
@@ -234,7 +223,7 @@ class ChunkStore(ChunkCatalog):
         if popped is None:
             return False
         m, served_by = popped
-        unlink_quietly(self._manifest_path(key))
+        self.files.delete_manifest(key)
         self.used -= manifest_size(m.n_tokens, len(m.chunks))
         tail = self.chunks.get(served_by[-1])
         if tail is not None and not tail.full and not tail.rows and not self.children(tail.key):
@@ -256,7 +245,7 @@ class ChunkStore(ChunkCatalog):
         self.ram.discard(key)
         self._hook("on_remove", info)
         self.used -= info.size
-        unlink_quietly(self._chunk_path(key))
+        self.files.delete_chunk(key)
 
     def score(self, info: ChunkInfo) -> float:
         return self.policy.priority(info.stats, self.clock())
@@ -317,7 +306,7 @@ class ChunkStore(ChunkCatalog):
             self.counters.inc(f"rejected_{reason}")
             self.counters.inc("rejected_total")
 
-        found = read_dir(self.root, reject, tmp_ttl_s)
+        found = self.files.scan(reject, tmp_ttl_s)
         self.counters.inc("orphans_removed", found.tmp_removed)
         self._adopt_chains(found.chunks)
         manifests = found.manifests
@@ -350,13 +339,13 @@ class ChunkStore(ChunkCatalog):
                     progress = True
         for k in pending:
             self.counters.inc("orphans_removed")
-            unlink_quietly(self._chunk_path(k))
+            self.files.delete_chunk(k)
 
     # --- views -----------------------------------------------------------------------------
 
     def chunk_rows(self) -> list[dict[str, Any]]:
         """One dict per chunk: key, parent, tokens, bytes, refcount, children, score, tier."""
-        return self.chunk_view(self.score, lambda c: "ram" if c.key in self.ram else self.root.name)
+        return self.chunk_view(self.score, lambda c: "ram" if c.key in self.ram else self.files.name)
 
     def row_views(self) -> list[dict[str, Any]]:
         return self.row_view()
