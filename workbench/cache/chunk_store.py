@@ -1,4 +1,5 @@
-"""The chunked KV cache's storage in one directory: rows as manifests over shared chunks.
+"""The chunked KV cache's storage in one directory (or in memory): rows as manifests over
+shared chunks.
 
 A row of ``tokens`` is stored as the chunks ``chunk_format.chunks_of`` names (keys by
 ``keys.chunk_keys``) plus a manifest; a chunk another row already stored is not written
