@@ -282,6 +282,25 @@ def test_a_user_router_naming_no_replica_is_an_invalid_option(cluster, scope):
     assert cluster.complete("Hi", response_tokens=2, cache_scope=scope).finish_reason in ("length", "stop")
 
 
+def test_async_for_and_poll_over_a_cluster_stream(cluster, scope):
+    import asyncio
+
+    plain = cluster.complete("Name three fruits:", response_tokens=8, cache_scope=scope)
+
+    async def collect_async():
+        return [ev async for ev in cluster.stream("Name three fruits:", response_tokens=8, cache_scope=scope)]
+
+    events = asyncio.run(collect_async())
+    assert isinstance(events[-1], Done) and events[-1].tokens == plain.tokens
+    s = cluster.stream("Name three fruits:", response_tokens=8, cache_scope=scope)
+    polled = []
+    while not s.ended:
+        ev = s.poll(0.05)
+        if ev is not None:
+            polled.append(ev)
+    assert [type(e) for e in polled] == [type(e) for e in events]
+
+
 # --- faults (last: they kill replicas) ---------------------------------------------------------
 
 def test_a_replica_killed_mid_stream_ends_the_stream_with_an_error_naming_it(cluster, scope):
