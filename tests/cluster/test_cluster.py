@@ -328,6 +328,7 @@ def test_a_replica_killed_mid_stream_ends_the_stream_with_an_error_naming_it(clu
     # a turn with its whole prompt starts the session again where the router says
     again = cluster.complete(prefix(6, 30), response_tokens=2, session_id="doomed", cache_scope=scope)
     assert list(cluster.routing.log)[-1]["reason"].startswith(f"session lost with {victim}; ")
+    assert again.stats.cache_hit_kind != "cold"  # its first turn's row, from the shared tier
     assert cluster.continue_session("doomed", [7, 8], response_tokens=2, cache_scope=scope).model == again.model
 
 

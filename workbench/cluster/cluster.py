@@ -138,8 +138,11 @@ class Cluster:
                   key: RouteRequest, session: SessionKey | None, continuing: bool,
                   dead: Member | None) -> tuple[Member, Any, int]:
         exclude = () if dead is None else (dead.index,)
+        lost = None if continuing else self.routing.lost_by(session)
         m = self.routing.route(key, kind, ref, session, continuing, exclude)
         try:
+            if lost is not None and self.cache_tiers:  # restore the lost session's rows from a shared tier
+                self.call_replica(m, "sync_cache", (), {})
             gen, local = start_remote(m, ref, call, args, opts)
         except ACTOR_GONE as e:
             m.mark_down(e)

@@ -145,6 +145,13 @@ class Routing:
             raise SessionLost(session[0], owner)
         raise NoSession(session[0])
 
+    def lost_by(self, session: SessionKey | None) -> str | None:
+        """The replica that lost this session (died or restarted since), else None."""
+        if session is None:
+            return None
+        owner = self._owner(session, set())
+        return owner if isinstance(owner, str) else None
+
     def forget_session(self, session: SessionKey) -> None:
         with self._lock:
             self._sessions.pop(session, None)
