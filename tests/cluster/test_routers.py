@@ -48,7 +48,7 @@ def test_cache_affinity_prefers_the_longest_exact_prefix_over_a_small_load_gap()
     assert d == Decision(1, "90 of 100 tokens cached")
 
 
-def test_cache_affinity_below_min_match_goes_least_loaded():
+def test_cache_affinity_below_min_match_routes_by_load_and_share():
     d = CacheAffinity(min_match=0.5).choose(REQ, facts((1, 0, 0), (0, 0, 40)))
     assert d == Decision(1, "no prefix >= 50% cached: balance")
     d = CacheAffinity(min_match=0.5).choose(REQ, facts((0, 0, 0), (1, 0, 40)))
