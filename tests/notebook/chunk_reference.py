@@ -148,11 +148,11 @@ def chunk_cache(chunk_size: int = 256) -> Callable[..., Any]:
 
 
 class ChunkStoreCache:
-    """`chunk_store.ChunkStore` (files in ``root``) behind the calls reference_replay makes:
+    """`chunk_store.ChunkStore` (files in ``root``, or in memory) behind the calls reference_replay makes:
     the real chunked store, its own lookup (rows, and chains of full chunks extended to the
     last agreeing token), reads and eviction, with zero payloads of the right sizes."""
 
-    def __init__(self, root: str, size_bytes: int, policy: PolicySpec, clock: Callable[[], float],
+    def __init__(self, root: str | None, size_bytes: int, policy: PolicySpec, clock: Callable[[], float],
                  bytes_per_token: int) -> None:
         from workbench.cache.chunk_store import ChunkStore
 
@@ -184,9 +184,10 @@ class ChunkStoreCache:
         self.store.pin(key)
 
 
-def chunk_store_cache(root: str, bytes_per_token: int) -> Callable[..., Any]:
-    """A cache_factory for reference_replay: a fresh ChunkStore under ``root`` per call."""
+def chunk_store_cache(root: str | None, bytes_per_token: int) -> Callable[..., Any]:
+    """A cache_factory for reference_replay: a fresh ChunkStore per call, under ``root`` (a
+    new directory in it) or in memory (None)."""
     import tempfile
 
-    return lambda size, policy, clock: ChunkStoreCache(tempfile.mkdtemp(dir=root), size, policy, clock,
-                                                       bytes_per_token)
+    return lambda size, policy, clock: ChunkStoreCache(None if root is None else tempfile.mkdtemp(dir=root),
+                                                       size, policy, clock, bytes_per_token)

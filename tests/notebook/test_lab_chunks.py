@@ -107,7 +107,8 @@ def test_bad_chunk_size() -> None:
             lab.replay(trace, ["lru"], [100], chunk_size=bad, workers=1)
 
 
-def test_the_chunk_store_ranks_the_policies_as_the_lab_does(tmp_path: Path) -> None:
+@pytest.mark.parametrize("where", ["files", "memory"])
+def test_the_chunk_store_ranks_the_policies_as_the_lab_does(tmp_path: Path, where: str) -> None:
     """The evidence for the default policy (docs/cache.md), checked on ChunkStore itself:
     on a chat trace, at a budget that evicts, lru saves clearly more prefill than lfu and
     frecency (fresh leaves, the next turn's, have no hits) and about as much as gdsf, in
@@ -118,8 +119,9 @@ def test_the_chunk_store_ranks_the_policies_as_the_lab_does(tmp_path: Path) -> N
     bpt, size = 64, 3 << 20
     store: dict[str, float] = {}
     sim: dict[str, float] = {}
+    factory = chunk_store_cache(str(tmp_path) if where == "files" else None, bpt)
     for policy in ("lru", "lfu", "frecency", "gdsf"):
-        out = reference_replay(trace, policy, size, bpt, cache_factory=chunk_store_cache(str(tmp_path), bpt))
+        out = reference_replay(trace, policy, size, bpt, cache_factory=factory)
         store[policy] = sum(saved for _, saved in out) / total
         sim[policy] = run_plan(build_plan(trace, chunk_size=256), get_policy(policy), size, bpt)[
             "prefill_saved_fraction"]
