@@ -19,6 +19,7 @@ tokens whose prefill the cache saved, the best policy of each budget in bold.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 import json
 import os
@@ -37,7 +38,8 @@ from workbench.units import format_bytes  # noqa: E402
 if TYPE_CHECKING:
     import pandas as pd
 
-WORKLOADS = {"chats": traces.multi_turn_chats, "agents": traces.agent_tasks, "rag": traces.rag_queries}
+WORKLOADS: dict[str, Callable[..., traces.Trace]] = {
+    "chats": traces.multi_turn_chats, "agents": traces.agent_tasks, "rag": traces.rag_queries}
 
 
 def cpu_seconds() -> float:
