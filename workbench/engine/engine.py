@@ -61,7 +61,7 @@ from .request_table import RequestTable
 from .results import BatchResults
 from .scheduler import BatchPlan, Budget, plan_problem, strategy_for, strategy_name
 from .seq_pool import SeqPool
-from .session_commands import SessionCommands
+from .session_commands import COUNTER_NAMES as SESSION_COUNTERS, SessionCommands
 from .speculation import COUNTER_NAMES as SPEC_COUNTERS, Speculation, check_speculative
 from .sessions import SessionTable, common_prefix
 from .timeouts import COUNTER_NAMES as TIMEOUT_COUNTERS, Timeouts
@@ -71,7 +71,7 @@ COUNTER_NAMES = ("decode_calls", "decoded_tokens", "decode_aborted", "decode_tim
                  "finished_length", "finished_cancelled", *(kind.counter for kind in HitKind),
                  "sessions_reclaimed", "sessions_reset", "cache_restore_failed", "cache_seq_not_cleared",
                  "cache_saves_dropped", "cache_evicted_sessions", "adapter_changes", "bad_batch_plans",
-                 *SPEC_COUNTERS, *TIMEOUT_COUNTERS)
+                 *SPEC_COUNTERS, *TIMEOUT_COUNTERS, *SESSION_COUNTERS)
 
 
 class Closable(Protocol):
