@@ -11,6 +11,7 @@ import pytest
 import workbench as wb
 from workbench.errors import InvalidOption, NotLoaded
 from workbench.notebook import views
+from waiting import wait_for
 
 pytestmark = pytest.mark.model
 
@@ -22,15 +23,6 @@ def no_middleware_left():
     yield
     wb.middleware.clear()
     wb.middleware.clear_calls()
-
-
-def wait_for(cond, timeout=5.0):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.01)
-    return cond()
 
 
 class Refused(Exception):

@@ -10,17 +10,9 @@ import pytest
 import workbench as wb
 from workbench.errors import InvalidOption
 from workbench.pressure import CallbackSource
+from waiting import wait_for
 
 pytestmark = pytest.mark.model
-
-
-def wait_for(cond, timeout=10.0):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 @pytest.fixture
@@ -36,7 +28,7 @@ def test_pressure_evicts_cache_bytes_first(model, monitor):
     level = {"used": 95}
     monitor(sources=[lambda: (level["used"], 100)], interval_s=0.05, high=0.9, target=0.8)
     assert wb.pressure_sources() == ["callback"]
-    assert wait_for(lambda: wb.pressure().get("cache_bytes_evicted", 0) > 0)
+    assert wait_for(lambda: wb.pressure().get("cache_bytes_evicted", 0) > 0, timeout=10.0)
     assert wb.list_tiers()[0]["used_bytes"] < ram_before
     seen = wb.pressure()
     assert seen["sources"]["callback"]["fraction"] == 0.95 and seen["models_unloaded"] == 0
@@ -53,7 +45,7 @@ def test_unload_the_idle_model_only_when_opted_in(model_path, monitor):
         # 19 TiB over the target: more than evicting cache bytes can free, whatever rows
         # earlier tests left, so the poller must unload a model
         monitor(sources=[lambda: (99 << 40, 100 << 40)], interval_s=1.0, unload_models=True)
-        assert wait_for(lambda: wb.pressure().get("models_unloaded", 0) >= 1)
+        assert wait_for(lambda: wb.pressure().get("models_unloaded", 0) >= 1, timeout=10.0)
         assert wb.pressure()["last_model_unloaded"] == "old-idle"
         wb.stop_pressure_monitor()
         assert wb.pressure()["running"] is False
@@ -73,7 +65,7 @@ def test_bad_monitor_settings():
         wb.start_pressure_monitor(high=0.5, target=0.9)
     wb.start_pressure_monitor(sources=["system"], interval_s=0.05)
     try:
-        assert wait_for(lambda: wb.pressure()["sources"].get("system") is not None)
+        assert wait_for(lambda: wb.pressure()["sources"].get("system") is not None, timeout=10.0)
         assert 0 < wb.pressure()["sources"]["system"]["fraction"] < 1
     finally:
         wb.stop_pressure_monitor()
@@ -89,7 +81,7 @@ def test_a_raising_evictor_is_recorded_and_the_poller_goes_on(model, monitor):
         raise RuntimeError("no model to unload here")
 
     monitor(sources=[lambda: (99, 100)], interval_s=0.02, unload_models=True, evictor=evictor)
-    assert wait_for(lambda: len(calls) >= 3)            # polled again after each failure
+    assert wait_for(lambda: len(calls) >= 3, timeout=10.0)  # polled again after each failure
     seen = wb.pressure()
     assert seen["running"] is True and seen["errors"] >= 3 and seen["models_unloaded"] == 0
     assert seen["last_error"].startswith("evictor: RuntimeError: no model to unload here")
@@ -110,7 +102,7 @@ def test_a_source_returning_garbage_is_recorded_and_the_others_still_count(monit
 
     monitor(sources=[Tuple(), Garbage(), lambda: (float("nan"), 100), CallbackSource(lambda: (1.0, 4.0), "floats")],
             interval_s=0.02)
-    assert wait_for(lambda: wb.pressure().get("polls", 0) >= 3)
+    assert wait_for(lambda: wb.pressure().get("polls", 0) >= 3, timeout=10.0)
     seen = wb.pressure()
     assert seen["running"] is True
     assert seen["sources"]["tuple"] == {"used_bytes": 50, "total_bytes": 100, "fraction": 0.5}
@@ -131,7 +123,7 @@ def test_stop_from_inside_the_evictor_does_not_deadlock(monitor):
     time.sleep(0.2)
     assert len(done) == 1                                 # it stopped after that poll
     monitor(sources=[lambda: (10, 100)], interval_s=0.02)   # and a new one starts
-    assert wait_for(lambda: wb.pressure().get("polls", 0) >= 2)
+    assert wait_for(lambda: wb.pressure().get("polls", 0) >= 2, timeout=10.0)
 
 
 def test_stop_is_bounded_with_a_source_stuck_in_read(model, monitor):

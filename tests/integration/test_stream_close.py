@@ -10,26 +10,17 @@ passing them slowly.
 from __future__ import annotations
 
 import gc
-import time
 
 import pytest
 
 import workbench as wb
 from workbench.errors import UnknownRequest
+from waiting import wait_for
 
 pytestmark = pytest.mark.model
 
 LONG = {"response_tokens": 4000, "ignore_eos": True}
 BOUND_S = 3.0
-
-
-def wait_for(cond, timeout):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.01)
-    return cond()
 
 
 def assert_cancelled_at_once(m, ref, cancelled_before):

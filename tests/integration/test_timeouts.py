@@ -14,19 +14,11 @@ import pytest
 import workbench as wb
 from workbench.engine.scheduler import DecodeFirst
 from workbench.errors import InvalidOption, RequestTimeout
+from waiting import wait_for
 
 pytestmark = pytest.mark.model
 
 LONG = {"response_tokens": 4000, "ignore_eos": True}   # tens of seconds if nothing stopped it
-
-
-def wait_for(cond, timeout=5.0):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.01)
-    return cond()
 
 
 def assert_free_and_serving(m, baseline):

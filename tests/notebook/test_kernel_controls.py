@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from waiting import wait_for
 
 pytestmark = pytest.mark.model
 jupyter_client = pytest.importorskip("jupyter_client")
@@ -97,15 +98,6 @@ def streaming(k: Kernel) -> bool:
     """Some widget's live line reads 'N of 2000 tokens' with N >= 1."""
     return any(re.search(r"\b[1-9]\d* of 2000 tokens", str(st.get("value", "")))
                for st in k.widget_states().values())
-
-
-def wait_for(cond: Any, timeout: float) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.05)
-    return bool(cond())
 
 
 def test_cancel_click_acts_while_a_foreground_cell_runs(kernel: Kernel) -> None:
