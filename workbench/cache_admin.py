@@ -1,8 +1,9 @@
-"""Public calls over the shared KV prefix cache: tiers, rows, eviction.
+"""Public calls over the shared KV prefix cache: tiers, rows, chunks, eviction.
 
 The cache is process-wide (every loaded model uses it; rows are keyed by model
 fingerprint, KV layout and cache scope). It starts with one RAM tier of 1 GiB; add shm and
-disk tiers with :func:`add_tier`, or replace the whole stack with :func:`configure_cache`.
+disk tiers with :func:`add_tier`, or replace the whole stack with :func:`configure_cache`
+(``storage='chunks'``: rows as manifests over shared KV chunks, opt-in; docs/cache.md).
 """
 
 from __future__ import annotations
@@ -11,21 +12,36 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .cache import get_policy
+from .cache import TieredCache, get_policy
 from .cache import shared
+from .cache.chunked import ChunkedCache
 from .errors import InvalidOption
 from .options import check_bool, check_int, check_number
+from .options.rules import one_of
+
+# chunk_size bounds: below 16 positions a chunk's fixed costs (a 40-byte header, the KV
+# layout of ~1 KB, a file and an fsync) outweigh its KV on small models; above 8192 a
+# prefix is shared only in pieces longer than most system prompts
+CHUNK_SIZE_MIN, CHUNK_SIZE_MAX = 16, 8192
 
 
 def configure_cache(tiers: Sequence[Mapping[str, Any]], policy: Any = "frecency", writer_workers: int | None = None,
-                    writer_queue: int | None = None) -> dict[str, Any]:
+                    writer_queue: int | None = None, storage: str = "rows",
+                    chunk_size: int = shared.DEFAULT_CHUNK_SIZE) -> dict[str, Any]:
     """Replace the cache with these tiers (fastest first), e.g.
     ``[{'kind': 'ram', 'budget_bytes': 2**30}, {'kind': 'shm', 'budget_bytes': 4 * 2**30},
     {'kind': 'disk', 'root': '~/kv', 'budget_bytes': 50 * 2**30}]``. Persistent tiers are
     scanned: valid rows from before a restart are adopted, corrupt files removed and counted.
     Background saves run on ``writer_workers`` threads, at most ``writer_queue`` queued or
     running (a save past that is dropped and counted as saves_dropped); None = the cache's
-    defaults (2 and 8, TieredCache)."""
+    defaults (2 and 8, TieredCache).
+
+    ``storage``: ``'rows'`` (the default: each row a whole llama.cpp state) or ``'chunks'``
+    (each row a manifest over KV chunks of ``chunk_size`` positions, 16..8192, shared by
+    every row with the same prefix; tiers: a RAM tier, one shm or disk tier with its own
+    ``root``, or a RAM tier (the RAM copies' budget) then that directory)."""
+    one_of(*shared.STORAGES)("storage", storage, "cache")
+    check_int("chunk_size", chunk_size, CHUNK_SIZE_MIN, CHUNK_SIZE_MAX, where="cache")
     if isinstance(tiers, (Mapping, str, bytes)) or not isinstance(tiers, Sequence) or not tiers:
         raise InvalidOption("tiers", tiers, "a non-empty list of tier dicts", "cache")
     _check_policy("policy", policy, none_ok=False)
@@ -34,7 +50,7 @@ def configure_cache(tiers: Sequence[Mapping[str, Any]], policy: Any = "frecency"
     for i, spec in enumerate(tiers):
         if isinstance(spec, Mapping):
             _check_tier_names(f"tiers[{i}].", spec.get("name"), spec.get("policy"))
-    return shared.configure(tiers, policy, writer_workers, writer_queue).info()
+    return shared.configure(tiers, policy, writer_workers, writer_queue, storage, chunk_size).info()
 
 
 def _check_policy(key: str, policy: Any, none_ok: bool = True) -> None:
@@ -60,8 +76,8 @@ def add_tier(kind: str, name: str | None = None, root: str | None = None,
     _check_tier_names("", name, policy)
     check_int("position", position, 0, len(list_tiers()), none_ok=True)
     spec = {"kind": kind, "name": name, "root": root, "budget_bytes": budget_bytes, "policy": policy}
+    cache = _row_cache()
     tier = shared.make_tier({k: v for k, v in spec.items() if v is not None})
-    cache = shared.shared_cache()
     try:
         cache.add_tier(tier, policy, position=position)
     except ValueError as e:
@@ -74,9 +90,26 @@ def add_tier(kind: str, name: str | None = None, root: str | None = None,
 def remove_tier(name: str, purge: bool = False) -> int:
     """Detach a tier; returns the rows that left the cache (files stay unless ``purge``)."""
     check_bool("purge", purge)
-    cache = shared.shared_cache()
+    cache = _row_cache()
     _tier_name(cache, name)
     return cache.remove_tier(name, purge=purge)
+
+
+def _row_cache() -> TieredCache:
+    """The shared cache when it stores whole rows: a chunked cache's tiers are fixed by
+    configure_cache."""
+    cache = shared.shared_cache()
+    if not isinstance(cache, TieredCache):
+        raise InvalidOption("storage", "chunks", "row storage to add or remove tiers (a chunked cache's "
+                            "tiers are set by configure_cache)", "cache")
+    return cache
+
+
+def _chunked_cache() -> ChunkedCache:
+    cache = shared.shared_cache()
+    if not isinstance(cache, ChunkedCache):
+        raise InvalidOption("storage", "rows", "a cache configured with storage='chunks'", "cache")
+    return cache
 
 
 def _tier_name(cache: Any, name: Any) -> str:
@@ -99,6 +132,13 @@ def cache_rows() -> list[dict[str, Any]]:
     """Every row: key preview, tokens, bytes, tier(s), save reason, hits, last hit, pinned,
     live and its eviction score under its tier's policy (lower goes first)."""
     return shared.shared_cache().rows()
+
+
+def cache_chunks() -> list[dict[str, Any]]:
+    """Every chunk of a chunked cache (``configure_cache(storage='chunks')``): key, parent,
+    tokens, bytes, refcount (rows naming it), children, leaf, protected, its eviction score
+    (lower goes first; only leaves are evicted), hits and tier. InvalidOption with rows."""
+    return _chunked_cache().chunk_rows()
 
 
 def wait_for_saves(timeout_s: float | None = 30.0) -> bool:

@@ -31,9 +31,9 @@ class ChunkDir:
 
     persistent = True
 
-    def __init__(self, root: str | os.PathLike[str]) -> None:
+    def __init__(self, root: str | os.PathLike[str], name: str | None = None) -> None:
         self.root = ensure_private_dir(Path(root))
-        self.name = self.root.name
+        self.name = name or self.root.name
 
     def chunk_path(self, key: bytes) -> Path:
         return self.root / f"{key.hex()}{CHUNK_SUFFIX}"

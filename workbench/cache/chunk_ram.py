@@ -64,3 +64,15 @@ class RamChunks:
         payload = self.payloads.pop(key, None)
         if payload is not None:
             self.used -= len(payload)
+
+    def shed(self, n: int, infos: dict[bytes, ChunkInfo]) -> int:
+        """Drop copies, lowest score first, until ``n`` bytes are freed (the files stay);
+        returns the bytes freed."""
+        freed = 0
+        for c in sorted((infos[k] for k in self.payloads), key=lambda c: (self.score(c), c.stats.seq)):
+            if freed >= n:
+                break
+            freed += len(self.payloads[c.key])
+            self.discard(c.key)
+            self.counters.inc("demotions_ram")
+        return freed

@@ -66,9 +66,10 @@ class ChunkStore(ChunkCatalog):
     def __init__(self, root: str | os.PathLike[str] | None, budget_bytes: int | None = None, *,
                  chunk_size: int = DEFAULT_CHUNK_SIZE, policy: Any = "lru",
                  counters: Counters | None = None, clock: Callable[[], float] = time.time,
-                 ram_budget_bytes: int = 0) -> None:
+                 ram_budget_bytes: int = 0, name: str | None = None) -> None:
         super().__init__(chunk_size)
-        self.files: ChunkDir | ChunkMemory = ChunkMemory() if root is None else ChunkDir(root)
+        self.files: ChunkDir | ChunkMemory = (ChunkMemory(name or "ram") if root is None
+                                              else ChunkDir(root, name))
         if root is None and ram_budget_bytes:
             raise ValueError("a store in memory has no RAM copies (ram_budget_bytes must be 0)")
         self.budget = budget_bytes
@@ -156,13 +157,14 @@ class ChunkStore(ChunkCatalog):
         self.counters.inc(f"saves_{SaveReason(reason).name.lower()}")
         return key
 
-    def pin(self, key: str) -> None:
-        """Pin a row (its chunks are evicted last). The flag lives in the manifest, rewritten
-        crash-safely under a fresh name then renamed over the old one."""
+    def pin(self, key: str, pinned: bool = True) -> None:
+        """Pin a row (its chunks are evicted last), or unpin it (``pinned=False``). The flag
+        lives in the manifest, rewritten crash-safely under a fresh name then renamed over
+        the old one. KeyError for a row not held."""
         m = self.rows[key]
-        if not m.pinned:
+        if m.pinned != pinned:
             m = Manifest(m.key, m.namespace, m.fingerprint, m.tokens, m.chunk_size, m.chunks, m.reason,
-                         m.created_at, m.hits, True)
+                         m.created_at, m.hits, pinned)
             self.files.replace_manifest(m)
             self.rows[key] = m
         self.protect(self.row_chunks[key])

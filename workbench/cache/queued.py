@@ -10,29 +10,38 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from typing import Any, Protocol
 
 from workbench.cache import keys
-from workbench.cache.catalog import Catalog
 from workbench.cache.counters import Counters
 from workbench.cache.keys import CacheNamespace, Tokens
 from workbench.cache.save_queue import SaveQueue
 from workbench.cache.types import SaveReason
 
 
+class StoredPrefixes(Protocol):
+    """What the wait needs of the host's catalog: the longest stored prefix (an object with
+    ``n_tokens``, or None) and whether a row key is stored."""
+
+    def longest_prefix(self, namespace: bytes, tokens: bytes) -> Any: ...
+
+    def __contains__(self, key: object) -> bool: ...
+
+
 class QueuedSaves:
     _lock: threading.RLock
     _counters: Counters
-    _catalog: Catalog
+    _catalog: StoredPrefixes
     _queued: dict[str, tuple[bytes, bytes, threading.Event]]
     _saves: SaveQueue | None
     _save_workers: int
     _max_pending: int
     put: Any
 
-    def put_async(self, namespace: CacheNamespace, tokens: Tokens, payload: bytes,
+    def put_async(self, namespace: CacheNamespace, tokens: Tokens, payload: Any,
                   reason: SaveReason | str = SaveReason.FINISH, **kwargs: Any) -> bool:
-        """`put` on the bounded writer pool; False (saves_dropped += 1) if the pool is full."""
+        """`put` on the bounded writer pool; False (saves_dropped += 1) if the pool is full.
+        `payload`: what the host's `put` stores (a state, or a chunked cache's chunk payloads)."""
         ns, raw = namespace.digest(), keys.token_bytes(tokens)
         key = keys.row_key_from_bytes(ns, raw) if raw else None
         done = threading.Event()

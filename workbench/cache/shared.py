@@ -1,5 +1,6 @@
-"""The process-wide prefix cache: one :class:`TieredCache` every loaded model shares, and
-the tiers users describe as dicts (``configure_cache``, ``add_tier``)."""
+"""The process-wide prefix cache: one cache every loaded model shares (a :class:`TieredCache`
+of whole rows, the default, or a :class:`ChunkedCache` with ``storage='chunks'``), and the
+tiers users describe as dicts (``configure_cache``, ``add_tier``)."""
 
 from __future__ import annotations
 
@@ -9,15 +10,20 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..errors import InvalidOption
+from .chunk_store import DEFAULT_CHUNK_SIZE, ChunkStore
+from .chunked import ChunkedCache
 from .tiered import TieredCache
-from .tiers import DiskTier, RamTier, ShmTier, Tier
+from .tiers import DiskTier, FileTier, RamTier, ShmTier, Tier
 
 DEFAULT_RAM_BUDGET = 1 << 30
+UNBOUNDED = 1 << 62
+STORAGES = ("rows", "chunks")
+PrefixCache = TieredCache | ChunkedCache
 _lock = threading.Lock()
-_cache: TieredCache | None = None
+_cache: PrefixCache | None = None
 
 
-def shared_cache() -> TieredCache:
+def shared_cache() -> PrefixCache:
     """The cache every model uses; created on first use with one RAM tier (1 GiB)."""
     global _cache
     with _lock:
@@ -27,16 +33,22 @@ def shared_cache() -> TieredCache:
 
 
 def configure(tiers: Sequence[Mapping[str, Any]], policy: Any = "frecency", writer_workers: int | None = None,
-              writer_queue: int | None = None) -> TieredCache:
+              writer_queue: int | None = None, storage: str = "rows",
+              chunk_size: int = DEFAULT_CHUNK_SIZE) -> PrefixCache:
     """Replace the shared cache with one built from tier specs (fastest first); persistent
     tiers are scanned, so rows saved before a restart are adopted (and bad files removed).
     Its writer pool: ``writer_workers`` threads, ``writer_queue`` saves queued or running
-    (None: TieredCache's defaults)."""
+    (None: TieredCache's defaults). ``storage='chunks'``: rows as manifests over chunks of
+    ``chunk_size`` positions (``make_chunked``)."""
     global _cache
-    built: list[Tier | tuple[Tier, Any]] = [(make_tier(spec), spec.get("policy")) for spec in tiers]
     pool: dict[str, Any] = {k: v for k, v in (("save_workers", writer_workers), ("max_pending_saves", writer_queue))
                             if v is not None}
-    cache = TieredCache(built, policy=policy, **pool)
+    cache: PrefixCache
+    if storage == "chunks":
+        cache = make_chunked(tiers, policy, chunk_size, pool)
+    else:
+        built: list[Tier | tuple[Tier, Any]] = [(make_tier(spec), spec.get("policy")) for spec in tiers]
+        cache = TieredCache(built, policy=policy, **pool)
     cache.scan()
     with _lock:
         old, _cache = _cache, cache
@@ -76,3 +88,32 @@ def make_tier(spec: Mapping[str, Any]) -> Tier:
         # a lone surrogate in the path (ValueError, UnicodeEncodeError)
         raise InvalidOption("root", root, f"a private directory this process can create and write ({e})",
                             "tier") from None
+
+
+CHUNK_TIERS = ("a RAM tier, a directory tier (shm or disk, with its own root), or a RAM tier then a "
+               "directory tier (shm and disk as separate chunk tiers: not yet)")
+
+
+def make_chunked(tiers: Sequence[Mapping[str, Any]], policy: Any, chunk_size: int,
+                 pool: Mapping[str, Any]) -> ChunkedCache:
+    """A chunked cache over one store: chunks in memory (a RAM tier alone), or in a directory
+    with RAM copies per chunk (a RAM tier's budget) above it. A directory needs an explicit
+    root of its own: its scan deletes version 1 row files, so it must not be a row tier's."""
+    for spec in tiers:
+        if isinstance(spec, Mapping) and spec.get("kind") in ("shm", "disk") and spec.get("root") is None:
+            raise InvalidOption("root", None, "a directory of its own for chunk storage (its scan deletes "
+                                "version 1 row files)", "tier")
+    built = [make_tier(spec) for spec in tiers]
+    ram = [t for t in built if isinstance(t, RamTier)]
+    dirs = [t for t in built if isinstance(t, FileTier)]
+    if len(ram) > 1 or len(dirs) > 1 or (ram and built[0] is not ram[0]):
+        raise InvalidOption("tiers", [t.name for t in built], CHUNK_TIERS, "cache")
+    main = dirs[0] if dirs else ram[0]
+    spec_policy = next((s.get("policy") for s in reversed(tiers) if s.get("policy") is not None), None)
+    ram_budget = 0
+    if dirs and ram:
+        ram_budget = UNBOUNDED if ram[0].budget_bytes is None else ram[0].budget_bytes
+    store = ChunkStore(main.root if isinstance(main, FileTier) else None, main.budget_bytes, chunk_size=chunk_size,
+                       policy=policy if spec_policy is None else spec_policy, ram_budget_bytes=ram_budget,
+                       name=main.name)
+    return ChunkedCache(store, dir_kind=main.kind, **pool)

@@ -54,7 +54,7 @@ class TieredCache(QueuedSaves):
     ) -> None:
         self._lock = threading.RLock()
         self._counters = Counters()
-        self._catalog = Catalog(block_size)
+        self._catalog: Catalog = Catalog(block_size)
         self._stack = TierStack(self._catalog, self._counters, self._lock, clock)
         self._inflight: dict[str, tuple[bytes, bytes]] = {}  # puts being written: (ns, tokens)
         # put_async rows not stored yet: key -> (ns, tokens, set when stored or given up)

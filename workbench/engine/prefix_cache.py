@@ -7,7 +7,9 @@ key folds in the model fingerprint, the KV-layout context parameters and the cal
 thread calls :meth:`EngineCache.restore` and :meth:`EngineCache.save`; both move KV state
 through llama.cpp's own per-sequence serialisation (``state_seq_get`` / ``state_seq_set``).
 Saves copy the state on the loop thread (a native call, GIL released) and hand the bytes to
-the cache's bounded writer pool; a full pool drops the save (``saves_dropped``).
+the cache's bounded writer pool; a full pool drops the save (``saves_dropped``). With
+``configure_cache(storage='chunks')`` the shared cache is a ``ChunkedCache`` and both go
+through ``prefix_chunks`` (only missing chunks cut; chains joined).
 """
 
 from __future__ import annotations
@@ -18,9 +20,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import _native
-from ..cache import CacheNamespace, CorruptReason, HitKind, SaveReason, TieredCache, row_key
-from ..cache.shared import shared_cache
+from ..cache import CacheNamespace, CorruptReason, HitKind, SaveReason, row_key
+from ..cache.chunked import ChunkedCache
+from ..cache.shared import PrefixCache, shared_cache
 from ..options import ROPE_KEYS
+from .prefix_chunks import restore_chunks, save_chunks
 
 # --- restoring a sequence's state ---------------------------------------------------------
 
@@ -51,7 +55,7 @@ def _load_state(ctx: Any, seq: int, payload: bytes, n_tokens: int) -> bool:
 class Restored:
     n_tokens: int
     kind: HitKind       # exact | partial
-    key: str
+    key: str | None     # None: a chain of chunks no row names (chunk storage)
     tier: str | None
 
 
@@ -86,7 +90,7 @@ class EngineCache:
         self._namespaces = {}
 
     @property
-    def cache(self) -> TieredCache:
+    def cache(self) -> PrefixCache:
         return shared_cache()
 
     def namespace(self, scope: str) -> CacheNamespace:
@@ -102,6 +106,10 @@ class EngineCache:
         ``pool``); None when nothing usable."""
         cache = self.cache
         ns = self.namespace(scope)
+        if isinstance(cache, ChunkedCache):
+            got = restore_chunks(cache, pool, seq, prompt, ns, parent_key,
+                                 self.max_state_bytes(cache.chunk_size), self.counters)
+            return None if got is None else Restored(*got)
         # a row the writer pool has not stored yet (the previous turn's finish row, say)
         cache.wait_for_queued(ns, prompt, parent_key)
         match = cache.match_key(ns, prompt, parent_key) if parent_key is not None else None
@@ -146,6 +154,9 @@ class EngineCache:
         ``live``: the row is a live session's KV (evicted only when nothing else frees enough)."""
         cache = self.cache
         ns = self.namespace(scope)
+        if isinstance(cache, ChunkedCache):
+            saved = save_chunks(cache, ctx, seq, tokens, ns, reason, sync=sync, live=live, counters=self.counters)
+            return None if saved is None else Saved(*saved)
         key = row_key(ns.digest(), tokens)
         if key in cache:
             if reason is SaveReason.AGENT_PREFIX:

@@ -2,8 +2,9 @@
 KV cache's rows and tiers, and speculative decoding's acceptance and speed-up. Each
 returns a DataFrame with fixed columns and dtypes (also when empty) and a meaningful index.
 
-The cache views take a model id (its engine's `workbench.cache.TieredCache`, through
-`model_cache`) or a TieredCache directly (the lab, tests, a cache built by hand).
+The cache views take a model id (its engine's `workbench.cache.TieredCache`, or the
+`ChunkedCache` of `configure_cache(storage='chunks')`, through `model_cache`) or such a
+cache directly (the lab, tests, a cache built by hand).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import pandas as pd
 import workbench as wb
 from workbench import registry
 from workbench.cache import HitKind, TieredCache
+from workbench.cache.chunked import ChunkedCache
 from workbench.engine.events import REQUEST_PHASES
 from workbench.errors import InvalidOption
 from workbench.units import format_count
@@ -25,7 +27,10 @@ HIT_KINDS = tuple(kind.value for kind in HitKind)  # the categories of cache_hit
 PHASES = REQUEST_PHASES
 
 
-def model_cache(model: str) -> TieredCache:
+AnyCache = TieredCache | ChunkedCache
+
+
+def model_cache(model: str) -> AnyCache:
     """The KV prefix cache a loaded model's engine uses (NotLoaded for an unknown id;
     InvalidOption for a model loaded with cache=False, which has none)."""
     kvcache = registry.get(model).kvcache
@@ -34,9 +39,9 @@ def model_cache(model: str) -> TieredCache:
     return kvcache.cache
 
 
-def resolve_cache(cache: TieredCache | str | None = None) -> TieredCache:
-    """A TieredCache as given, or the cache of a model id (the only loaded model if None)."""
-    if isinstance(cache, TieredCache):
+def resolve_cache(cache: AnyCache | str | None = None) -> AnyCache:
+    """A cache as given, or the cache of a model id (the only loaded model if None)."""
+    if isinstance(cache, (TieredCache, ChunkedCache)):
         return cache
     if cache is None:
         loaded = [m["model_id"] for m in wb.list_models()]
@@ -127,7 +132,7 @@ _ROW_DTYPES = {
 }
 
 
-def cache_rows(cache: TieredCache | str | None = None) -> pd.DataFrame:
+def cache_rows(cache: AnyCache | str | None = None) -> pd.DataFrame:
     """Every cached row, indexed by key, in eviction order within each tier (the next victim
     first: unprotected rows by lowest score, then pinned and live ones).
 
@@ -167,6 +172,24 @@ def _add_readable_columns(rows: list[dict[str, Any]]) -> None:
                  score_norm=None if r["score"] is None else ((r["score"] - lo) / (hi - lo) if hi > lo else 0.0))
 
 
+_CHUNK_DTYPES = {
+    "key": "string", "tier": "string", "n_tokens": "int64", "size_bytes": "int64", "refcount": "int64",
+    "children": "int64", "leaf": "bool", "protected": "bool", "score": "float64", "hits": "int64", "parent": "string",
+}
+
+
+def cache_chunks(cache: ChunkedCache | str | None = None) -> pd.DataFrame:
+    """Every chunk of a chunked cache (`configure_cache(storage='chunks')`), indexed by key,
+    the next victim first (only leaves are evicted; protected ones last): tier, tokens,
+    bytes, refcount (rows naming it), children, score (lower goes first), hits, parent.
+    InvalidOption for a cache of whole rows."""
+    c = resolve_cache(cache)
+    if not isinstance(c, ChunkedCache):
+        raise InvalidOption("cache", cache, "a cache configured with storage='chunks'")
+    rows = sorted(c.chunk_rows(), key=lambda r: (not r["leaf"], r["protected"], r["score"]))
+    return _frame(rows, _CHUNK_DTYPES, "key")
+
+
 _TIER_DTYPES = {
     "name": "string", "kind": "category", "policy": "string", "budget_bytes": "Int64", "used_bytes": "int64",
     "reserved_bytes": "int64", "rows": "int64", "occupancy": "Float64", "budget_MiB": "Float64",
@@ -174,7 +197,7 @@ _TIER_DTYPES = {
 }
 
 
-def tiers(cache: TieredCache | str | None = None) -> pd.DataFrame:
+def tiers(cache: AnyCache | str | None = None) -> pd.DataFrame:
     """Tiers fastest first, indexed by name: budget, use, occupancy (used / budget; NA when
     unbounded), the same in MiB and percent, policy."""
     c = resolve_cache(cache)

@@ -1,0 +1,273 @@
+"""ChunkedCache: the chunked KV cache (issue 14) behind the calls the engine and cache_admin
+make of the prefix cache, over one :class:`~workbench.cache.chunk_store.ChunkStore`.
+
+Selected by ``configure_cache(storage='chunks', chunk_size=...)``; the default storage is
+still whole rows (``TieredCache``). What differs from the row cache:
+
+* ``put`` takes the payloads of a row's chunks from ``missing()`` on (the engine cuts only
+  those out of llama.cpp), not one state; ``lookup`` / ``match_key`` return a
+  :class:`ChunkHit` (the serving chunk keys with the row key, or None for a chain of full
+  chunks no row names), and ``read`` gives the chain's verified payloads, to be joined with
+  ``n_tokens``.
+* Storage is one store: chunk files in one directory with RAM copies per chunk, or memory
+  alone (``list_tiers`` shows both as tiers; shm and disk as separate chunk tiers: not yet).
+* ``reject_chain`` (a join llama.cpp's side refused although every checksum verified)
+  drops the chain from its first chunk, with every row and chunk that continues it: which
+  chunk was wrong is not known, so nothing of it is served again.
+
+Thread-safe: one RLock serialises every call into the store (its file writes included:
+lookups wait behind a save's fsync; the row cache writes outside its lock).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any
+
+from workbench.cache import keys
+from workbench.cache.chunk_store import ChunkStore
+from workbench.cache.chunk_views import row_dicts, tier_dicts, tier_of
+from workbench.cache.format import CorruptReason, CorruptRow
+from workbench.cache.keys import CacheNamespace, Tokens
+from workbench.cache.queued import QueuedSaves
+from workbench.cache.save_queue import SaveQueue
+from workbench.cache.types import HitKind, SaveReason
+
+
+@dataclass(slots=True, frozen=True)
+class ChunkHit:
+    """A stored prefix of ``n_tokens`` served by ``chunks`` (``key``: the row, None for a
+    chain of full chunks); ``tier``: the slowest tier holding one of the chunks."""
+
+    key: str | None
+    n_tokens: int
+    chunks: tuple[bytes, ...]
+    tier: str | None
+
+
+class _Prefixes:
+    """The store's longest stored prefix and row keys, for QueuedSaves' wait."""
+
+    def __init__(self, store: ChunkStore) -> None:
+        self._store = store
+
+    def longest_prefix(self, namespace: bytes, tokens: bytes) -> Any:
+        return self._store.lookup(namespace, tokens)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._store
+
+
+class ChunkedCache(QueuedSaves):
+    storage = "chunks"
+
+    def __init__(self, store: ChunkStore, *, dir_kind: str = "disk", save_workers: int = 2,
+                 max_pending_saves: int = 8) -> None:
+        self._lock = threading.RLock()
+        self._dir_kind = dir_kind  # 'disk' or 'shm': what the store's directory is
+        self._store = store
+        self._counters = store.counters
+        self._catalog = _Prefixes(store)
+        self._queued: dict[str, tuple[bytes, bytes, threading.Event]] = {}
+        self._saves: SaveQueue | None = None
+        self._save_workers = save_workers
+        self._max_pending = max_pending_saves
+        self._row_hits: dict[str, tuple[int, float]] = {}  # row -> (hits, last hit)
+
+    @property
+    def chunk_size(self) -> int:
+        return self._store.chunk_size
+
+    def scan(self) -> dict[str, int]:
+        """Adopt what the directory holds (start-up); rejected files by reason."""
+        with self._lock:
+            return self._store.scan()
+
+    # -- rows ------------------------------------------------------------------------------
+    def missing(self, namespace: CacheNamespace, tokens: Tokens) -> int:
+        """The first chunk of a row of ``tokens`` not stored: cut from there."""
+        with self._lock:
+            return self._store.missing(namespace.digest(), tokens)
+
+    def put(self, namespace: CacheNamespace, tokens: Tokens, pieces: list[bytes],
+            reason: SaveReason | str = SaveReason.FINISH, *, pinned: bool = False, live: bool = False) -> str | None:
+        """Store a row from its chunks' payloads (from ``missing()`` at the time of the cut
+        on); its key, or None when not stored: too large, a write error, or the chunks
+        before the cut were evicted meanwhile (``saves_chunks_gone``)."""
+        reason = SaveReason.parse(reason)
+        pinned = pinned or reason is SaveReason.AGENT_PREFIX
+        with self._lock:
+            try:
+                key = self._store.put_row(namespace.digest(), namespace.fingerprint_bytes, tokens, pieces, reason)
+            except ValueError:
+                self._counters.inc("saves_chunks_gone")
+                return None
+            except OSError:
+                self._counters.inc("saves_failed")
+                return None
+            if key is not None and pinned:
+                self.pin(key)
+            if key is not None and live:
+                self._store.set_live(key)
+            return key
+
+    def lookup(self, namespace: CacheNamespace | bytes, tokens: Tokens) -> ChunkHit | None:
+        """The longest stored prefix of ``tokens`` (a row or a chain of chunks); counts the
+        hit kind as the row cache does."""
+        start = time.perf_counter_ns()
+        raw = keys.token_bytes(tokens)
+        with self._lock:
+            m = self._store.lookup(keys.digest_of(namespace), raw)
+            hit = None if m is None else ChunkHit(m.key, m.n_tokens, m.chunks, tier_of(self._store, m.chunks))
+        self._count_kind(0 if hit is None else hit.n_tokens, len(raw) // 4)
+        self._counters.inc("lookup_ns", time.perf_counter_ns() - start)
+        return hit
+
+    def match_key(self, namespace: CacheNamespace | bytes, tokens: Tokens, key: str) -> ChunkHit | None:
+        """The row ``key`` when it is in ``namespace`` and a prefix of ``tokens`` (an exact
+        hit, counted); None, counting nothing, otherwise."""
+        raw = keys.token_bytes(tokens)
+        with self._lock:
+            m = self._store.rows.get(key)
+            if m is None or m.namespace != keys.digest_of(namespace) or not raw.startswith(m.tokens):
+                return None
+            served_by = self._store.row_chunks[key]
+            hit = ChunkHit(key, m.n_tokens, served_by, tier_of(self._store, served_by))
+        self._count_kind(hit.n_tokens, len(raw) // 4, by_key=True)
+        return hit
+
+    def _count_kind(self, matched: int, prompt_len: int, *, by_key: bool = False) -> None:
+        kind = HitKind.of(matched, prompt_len, by_key=by_key)
+        self._counters.inc("misses_cold" if kind is HitKind.COLD else f"hits_{kind.value}")
+
+    def read(self, hit: ChunkHit, max_payload: int | None = None) -> list[bytes] | None:
+        """The verified payloads of a hit's chunks; None (a miss) when one was evicted
+        meanwhile or does not verify (then it is removed with what depends on it)."""
+        start = time.perf_counter_ns()
+        with self._lock:
+            try:
+                pieces = self._store.read_chunks(hit.chunks, max_payload)
+            except (KeyError, CorruptRow):
+                self._counters.inc("get_misses")
+                return None
+            if hit.key is not None and hit.key in self._store:
+                hits, _ = self._row_hits.get(hit.key, (0, 0.0))
+                self._row_hits[hit.key] = (hits + 1, self._store.clock())
+        self._counters.inc("get_hits")
+        self._counters.inc("load_ns", time.perf_counter_ns() - start)
+        return pieces
+
+    def reject_chain(self, chunks: tuple[bytes, ...], reason: CorruptReason) -> bool:
+        """Remove a chain its consumer refused although it verified (see the module doc)."""
+        with self._lock:
+            if not chunks or chunks[0] not in self._store.chunks:
+                return False
+            self._store.reject_chunk(chunks[0], reason)
+            return True
+
+    def reject(self, key: str, reason: CorruptReason) -> bool:
+        with self._lock:
+            served_by = self._store.row_chunks.get(key)
+            return served_by is not None and self.reject_chain(served_by, reason)
+
+    def cached_prefix_len(self, namespace: CacheNamespace | bytes, tokens: Tokens) -> int:
+        """Length of the longest stored prefix; a probe, so no counters move."""
+        with self._lock:
+            m = self._store.lookup(keys.digest_of(namespace), keys.token_bytes(tokens))
+        return 0 if m is None else m.n_tokens
+
+    def __contains__(self, key: object) -> bool:
+        with self._lock:
+            return key in self._store
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._store.rows)
+
+    def keys(self) -> list[str]:
+        with self._lock:
+            return list(self._store.rows)
+
+    def remove(self, key: str) -> bool:
+        """Delete a row's manifest (its chunks stay while other rows or chains use them)."""
+        with self._lock:
+            self._row_hits.pop(key, None)
+            return self._store.remove_row(key)
+
+    def evict_bytes(self, n: int, tier: str | None = None) -> int:
+        """Free at least ``n`` bytes: of the store (default, or its directory's name: leaves
+        first, by the policy), or of the RAM copies above a directory (``'ram'``: the files
+        stay). Returns the bytes freed."""
+        with self._lock:
+            if tier is not None and tier != self._store.files.name:
+                return self._store.ram.shed(n, self._store.chunks)
+            return self._store.evict_bytes(n)
+
+    # -- pins and live rows ----------------------------------------------------------------
+    def pin(self, key: str) -> str | None:
+        """Protect a row; the previously pinned row of its namespace (returned) is unpinned,
+        as in the row cache. KeyError for a row not held."""
+        with self._lock:
+            ns = self._store.rows[key].namespace
+            old = next((k for k, m in self._store.rows.items() if m.pinned and m.namespace == ns and k != key), None)
+            if old is not None:
+                self._store.pin(old, False)
+            self._store.pin(key)
+            return old
+
+    def unpin(self, key: str) -> bool:
+        with self._lock:
+            was = self._store.rows[key].pinned
+            self._store.pin(key, False)
+            return was
+
+    def set_live(self, key: str, live: bool = True) -> bool:
+        with self._lock:
+            return self._store.set_live(key, live)
+
+    # -- views -----------------------------------------------------------------------------
+    def rows(self) -> list[dict[str, Any]]:
+        """One dict per row, with the columns of ``TieredCache.rows`` plus n_chunks and
+        own_bytes (its chunks no other row uses)."""
+        with self._lock:
+            return row_dicts(self._store, self._row_hits)
+
+    def chunk_rows(self) -> list[dict[str, Any]]:
+        """One dict per chunk: key, parent, tokens, bytes, refcount, children, leaf,
+        protected, score (under the store's policy: lower goes first), hits, tier."""
+        with self._lock:
+            return self._store.chunk_rows()
+
+    def list_tiers(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return tier_dicts(self._store, self._dir_kind)
+
+    def counters(self) -> dict[str, int]:
+        """The counters plus gauges bytes_<tier>, rows_<tier>, rows and chunks."""
+        snap = self._counters.snapshot()
+        with self._lock:
+            for t in tier_dicts(self._store, self._dir_kind):
+                snap[f"bytes_{t['name']}"] = t["used_bytes"]
+                snap[f"rows_{t['name']}"] = t["rows"]
+            snap["rows"] = len(self._store.rows)
+            snap["chunks"] = len(self._store.chunks)
+        return snap
+
+    def record_ns(self, name: str, ns: int) -> None:
+        self._counters.inc(name, ns)
+
+    def timed(self, name: str) -> AbstractContextManager[None]:
+        return self._counters.timer(name)
+
+    def info(self) -> dict[str, Any]:
+        with self._lock:
+            pinned = sum(m.pinned for m in self._store.rows.values())
+        return {"storage": self.storage, "chunk_size": self.chunk_size, "rows": len(self),
+                "pinned": pinned, "tiers": self.list_tiers(), "counters": self.counters()}
+
+    def close(self, wait: bool = True) -> None:
+        if self._saves is not None:
+            self._saves.close(wait=wait)

@@ -1,0 +1,86 @@
+"""The engine's side of the chunked prefix cache (``configure_cache(storage='chunks')``):
+a save cuts only the chunks the cache lacks out of llama.cpp, a restore joins a stored
+chain into the sequence.
+
+* **Save.** ``ChunkedCache.missing`` says from which chunk the row is not stored; only
+  chunks from there are copied out (``kv_chunks.cut(first=...)``, on the loop thread, the
+  GIL released), then handed to the cache (synchronously, or to its writer pool). A state
+  the cut refuses (a SWA window cache, a recurrent model: ``KvChunksRefused``) is not saved
+  (``cache_chunk_cut_refused``).
+* **Restore.** The chain's payloads are verified by the store (checksums, keys recomputed);
+  the native join checks keys, positions and layout again before llama.cpp sees the state,
+  ending at the match's length (a row served by a longer chunk's first positions, a prompt
+  that leaves a chunk). A refused join, or a state llama.cpp does not take, empties the
+  sequence, removes the chain (``rejected_bad_state``), counts ``cache_restore_failed``
+  and the request runs cold, as a refused row does.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ..cache import CorruptReason, HitKind, SaveReason, row_key
+from ..cache.chunked import ChunkedCache
+from ..cache.keys import CacheNamespace
+from ..errors import KvChunksRefused
+from . import kv_chunks
+
+
+def restore_chunks(cache: ChunkedCache, pool: Any, seq: int, prompt: list[int], ns: CacheNamespace,
+                   parent_key: str | None, max_payload: int | None,
+                   counters: Any) -> tuple[int, HitKind, str | None, str | None] | None:
+    """Join the longest stored prefix of ``prompt`` into ``seq``: (tokens, hit kind, row key
+    or None for a chain no row names, tier), or None (nothing usable, or refused)."""
+    cache.wait_for_queued(ns, prompt, parent_key)
+    hit = cache.match_key(ns, prompt, parent_key) if parent_key is not None else None
+    by_key = hit is not None
+    if hit is None:
+        hit = cache.lookup(ns, prompt)
+    if hit is None:
+        return None
+    pieces = cache.read(hit, max_payload)
+    if pieces is None:
+        return None
+    pool.trim(seq, 0)
+    start = time.perf_counter_ns()
+    try:
+        nread = kv_chunks.load(pool.ctx, seq, pieces, hit.chunks, n_tokens=hit.n_tokens)
+    except KvChunksRefused:
+        nread = 0
+    cache.record_ns("unpack_ns", time.perf_counter_ns() - start)
+    ctx = pool.ctx
+    if nread <= 0 or ctx.seq_pos_min(seq) != 0 or ctx.seq_pos_max(seq) != hit.n_tokens - 1:
+        pool.trim(seq, 0)
+        if not pool.empty(seq):
+            counters["cache_seq_not_cleared"] += 1
+        cache.reject_chain(hit.chunks, CorruptReason.BAD_STATE)
+        counters["cache_restore_failed"] += 1
+        return None
+    return hit.n_tokens, HitKind.of(hit.n_tokens, len(prompt), by_key=by_key), hit.key, hit.tier
+
+
+def save_chunks(cache: ChunkedCache, ctx: Any, seq: int, tokens: list[int], ns: CacheNamespace,
+                reason: SaveReason, *, sync: bool, live: bool, counters: Any) -> tuple[str, bool] | None:
+    """Save the row of ``seq`` (which holds exactly ``tokens``): (its key, whether anything
+    new was stored), or None when the save was dropped, refused or failed."""
+    key = row_key(ns.digest(), tokens)
+    if key in cache:
+        if reason is SaveReason.AGENT_PREFIX:
+            cache.pin(key)
+        if live:
+            cache.set_live(key)
+        return key, False
+    ks = kv_chunks.keys_for(ns.digest(), tokens, cache.chunk_size)
+    first = cache.missing(ns, tokens)
+    start = time.perf_counter_ns()
+    try:
+        pieces = kv_chunks.cut(ctx, seq, ks, cache.chunk_size, first) if first < len(ks) else []
+    except KvChunksRefused:
+        counters["cache_chunk_cut_refused"] += 1
+        return None
+    cache.record_ns("pack_ns", time.perf_counter_ns() - start)
+    if sync:
+        stored = cache.put(ns, tokens, pieces, reason, live=live)
+        return None if stored is None else (stored, True)
+    return (key, True) if cache.put_async(ns, tokens, pieces, reason, live=live) else None
