@@ -65,6 +65,9 @@ def test_warm_is_token_exact_over_chunks(model, chunks, tiers):
     assert max(r["n_tokens"] for r in rows) >= n - 1
     table = views.cache_chunks(model)
     assert len(table) >= (n - 1) // CHUNK and table["refcount"].max() >= 2  # the prompt's chunks serve 2+ rows
+    frame = views.cache_rows(model)
+    assert len(frame) == len(rows) and set(frame["tier"]) <= set(tiers) and frame["rank"].min() == 1
+    assert list(views.tiers(model).index) == list(tiers)
 
 
 def test_a_multi_turn_chat_stores_its_shared_prefix_once(model, chunks):
