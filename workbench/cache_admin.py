@@ -12,7 +12,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .cache import TieredCache, get_policy
+from .cache import DEFAULT_POLICY, TieredCache, get_policy
 from .cache import shared
 from .cache.chunked import ChunkedCache
 from .errors import InvalidOption
@@ -25,7 +25,7 @@ from .options.rules import one_of
 CHUNK_SIZE_MIN, CHUNK_SIZE_MAX = 16, 8192
 
 
-def configure_cache(tiers: Sequence[Mapping[str, Any]], policy: Any = "frecency", writer_workers: int | None = None,
+def configure_cache(tiers: Sequence[Mapping[str, Any]], policy: Any = DEFAULT_POLICY, writer_workers: int | None = None,
                     writer_queue: int | None = None, storage: str = "rows",
                     chunk_size: int = shared.DEFAULT_CHUNK_SIZE) -> dict[str, Any]:
     """Replace the cache with these tiers (fastest first), e.g.

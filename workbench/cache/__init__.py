@@ -20,6 +20,7 @@ from workbench.cache.policies import (
     GDSF,
     LFU,
     LRU,
+    DEFAULT_POLICY,
     POLICIES,
     EvictionPolicy,
     Frecency,
@@ -35,7 +36,7 @@ from workbench.cache.tiers import DiskTier, RamTier, RowMissing, ShmTier, Tier
 from workbench.cache.types import HitKind, Match, RowStats, SaveReason
 
 __all__ = [
-    "GDSF", "LFU", "LRU", "POLICIES", "S3FIFO",
+    "DEFAULT_POLICY", "GDSF", "LFU", "LRU", "POLICIES", "S3FIFO",
     "CacheNamespace", "ChecksumAlgo", "CorruptReason", "CorruptRow", "Counters", "DiskTier",
     "EvictionPolicy", "Frecency", "FunctionPolicy", "HitKind", "KeyConflict", "Match",
     "PrefixIndex", "RamTier", "Row", "RowMeta", "RowMissing", "RowStats", "SaveQueue",

@@ -50,7 +50,7 @@ from workbench.cache.chunk_format import (
 )
 from workbench.cache.counters import Counters
 from workbench.cache.format import CorruptReason, CorruptRow
-from workbench.cache.policies import EvictionPolicy, get_policy
+from workbench.cache.policies import DEFAULT_POLICY, EvictionPolicy, get_policy
 from workbench.cache.store import (
     unlink_quietly,
 )
@@ -64,7 +64,7 @@ class ChunkStore(ChunkCatalog):
     or in process memory (``root=None``)."""
 
     def __init__(self, root: str | os.PathLike[str] | None, budget_bytes: int | None = None, *,
-                 chunk_size: int = DEFAULT_CHUNK_SIZE, policy: Any = "lru",
+                 chunk_size: int = DEFAULT_CHUNK_SIZE, policy: Any = DEFAULT_POLICY,
                  counters: Counters | None = None, clock: Callable[[], float] = time.time,
                  ram_budget_bytes: int = 0, name: str | None = None) -> None:
         super().__init__(chunk_size)

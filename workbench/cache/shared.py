@@ -12,6 +12,7 @@ from typing import Any
 from ..errors import InvalidOption
 from .chunk_store import DEFAULT_CHUNK_SIZE, ChunkStore
 from .chunked import ChunkedCache
+from .policies import DEFAULT_POLICY
 from .tiered import TieredCache
 from .tiers import DiskTier, FileTier, RamTier, ShmTier, Tier
 
@@ -32,7 +33,7 @@ def shared_cache() -> PrefixCache:
         return _cache
 
 
-def configure(tiers: Sequence[Mapping[str, Any]], policy: Any = "frecency", writer_workers: int | None = None,
+def configure(tiers: Sequence[Mapping[str, Any]], policy: Any = DEFAULT_POLICY, writer_workers: int | None = None,
               writer_queue: int | None = None, storage: str = "rows",
               chunk_size: int = DEFAULT_CHUNK_SIZE) -> PrefixCache:
     """Replace the shared cache with one built from tier specs (fastest first); persistent

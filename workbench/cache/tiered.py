@@ -31,7 +31,7 @@ from workbench.cache.format import CorruptReason, CorruptRow, RowMeta
 from workbench.cache.keys import CacheNamespace, Tokens
 from workbench.cache.levels import Level
 from workbench.cache.placement import Job, TierStack
-from workbench.cache.policies import PolicySpec, get_policy
+from workbench.cache.policies import DEFAULT_POLICY, PolicySpec, get_policy
 from workbench.cache.queued import QueuedSaves
 from workbench.cache.save_queue import SaveQueue
 from workbench.cache.store import ScanReport
@@ -46,7 +46,7 @@ class TieredCache(QueuedSaves):
         self,
         tiers: Iterable[Tier | tuple[Tier, PolicySpec]] = (),
         *,
-        policy: PolicySpec = "frecency",
+        policy: PolicySpec = DEFAULT_POLICY,
         block_size: int = 16,
         clock: Callable[[], float] = time.time,
         save_workers: int = 2,
