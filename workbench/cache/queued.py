@@ -37,6 +37,8 @@ class QueuedSaves:
     _save_workers: int
     _max_pending: int
     put: Any
+    lookup: Any
+    match_key: Any
 
     def put_async(self, namespace: CacheNamespace, tokens: Tokens, payload: Any,
                   reason: SaveReason | str = SaveReason.FINISH, **kwargs: Any) -> bool:
@@ -99,6 +101,17 @@ class QueuedSaves:
         wait_on.wait(timeout)
         self._counters.inc("queued_wait_ns", time.perf_counter_ns() - start)
         return True
+
+    def find_prefix(self, namespace: CacheNamespace | bytes, tokens: Tokens,
+                    parent_key: str | None = None) -> tuple[Any, bool]:
+        """The stored prefix a request restores: row `parent_key` when it is a prefix of
+        `tokens`, else the longest stored prefix, after the brief wait for a queued save that
+        would serve better. (hit or None, whether the hit came by `parent_key`)."""
+        self.wait_for_queued(namespace, tokens, parent_key)
+        hit = self.match_key(namespace, tokens, parent_key) if parent_key is not None else None
+        if hit is not None:
+            return hit, True
+        return self.lookup(namespace, tokens), False
 
     def wait_for_saves(self, timeout: float | None = None) -> bool:
         """Wait until the writer pool has no save pending; False on timeout."""

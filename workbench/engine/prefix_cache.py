@@ -110,12 +110,9 @@ class EngineCache:
             got = restore_chunks(cache, pool, seq, prompt, ns, parent_key,
                                  self.max_state_bytes(cache.chunk_size), self.counters)
             return None if got is None else Restored(*got)
-        # a row the writer pool has not stored yet (the previous turn's finish row, say)
-        cache.wait_for_queued(ns, prompt, parent_key)
-        match = cache.match_key(ns, prompt, parent_key) if parent_key is not None else None
-        by_key = match is not None
-        if match is None:
-            match = cache.lookup(ns, prompt)
+        # waits briefly for a row the writer pool has not stored yet (the previous turn's
+        # finish row, say)
+        match, by_key = cache.find_prefix(ns, prompt, parent_key)
         if match is None:
             return None
         payload = cache.get(match.key, max_payload=self.max_state_bytes(match.n_tokens))

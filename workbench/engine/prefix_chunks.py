@@ -32,11 +32,7 @@ def restore_chunks(cache: ChunkedCache, pool: Any, seq: int, prompt: list[int], 
                    counters: Any) -> tuple[int, HitKind, str | None, str | None] | None:
     """Join the longest stored prefix of ``prompt`` into ``seq``: (tokens, hit kind, row key
     or None for a chain no row names, tier), or None (nothing usable, or refused)."""
-    cache.wait_for_queued(ns, prompt, parent_key)
-    hit = cache.match_key(ns, prompt, parent_key) if parent_key is not None else None
-    by_key = hit is not None
-    if hit is None:
-        hit = cache.lookup(ns, prompt)
+    hit, by_key = cache.find_prefix(ns, prompt, parent_key)
     if hit is None:
         return None
     pieces = cache.read(hit, max_payload)
