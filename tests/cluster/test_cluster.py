@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gc
 import time
+from contextlib import contextmanager
 
 import pytest
 import ray
@@ -14,6 +15,7 @@ import ray
 from workbench import Done, Error, TokenId
 from workbench.errors import EmptyPrompt, InvalidOption, ModelFileError, NoSession, ReplicaDown, SessionLost
 
+from waiting import wait_for
 from .conftest import wait_all_up
 
 pytestmark = [pytest.mark.model, pytest.mark.timeout(300)]
@@ -88,6 +90,17 @@ def test_start_checks_its_options_before_starting_anything(tmp_path):
         wc.start(replicas=2, model=str(tmp_path / "missing.gguf"))
 
 
+@contextmanager
+def private_caches(cluster):
+    """cache_sync 'manual': a replica sees only its own rows of the shared tier until
+    sync_cache, so where a row lies depends on where its request went."""
+    cluster.set_cache_sync("manual")
+    try:
+        yield
+    finally:
+        cluster.set_cache_sync("auto")
+
+
 def run_trace(cluster, trace, scope):
     """Requests one at a time, each finished and saved before the next is routed; each
     saves its tenant's 160-token prefix as a row of its own (prefix_checkpoint_len)."""
@@ -112,7 +125,8 @@ def saved(results):
 def test_cache_affinity_routes_each_tenant_prefix_to_the_replica_that_caches_it(cluster, scope):
     cluster.set_router("cache_affinity")
     start = len(cluster.routing.log)
-    results = run_trace(cluster, scripted_trace(), scope)
+    with private_caches(cluster):
+        results = run_trace(cluster, scripted_trace(), scope)
     log = list(cluster.routing.log)[start:]
     where = [rec["replica"] for rec in log]
     assert where[1] == where[0] and where[4] == where[0]  # A's prefix stays where it is cached
@@ -127,9 +141,10 @@ def test_cache_affinity_routes_each_tenant_prefix_to_the_replica_that_caches_it(
 def test_prefix_tree_and_round_robin_on_the_same_trace(cluster, scope):
     cluster.set_router("prefix_tree")
     try:
-        tree = run_trace(cluster, scripted_trace(), scope + "-tree")
-        cluster.set_router("round_robin")
-        rr = run_trace(cluster, scripted_trace(), scope + "-rr")
+        with private_caches(cluster):
+            tree = run_trace(cluster, scripted_trace(), scope + "-tree")
+            cluster.set_router("round_robin")
+            rr = run_trace(cluster, scripted_trace(), scope + "-rr")
     finally:
         cluster.set_router("cache_affinity")
     assert saved(tree) == [0, 160, 0, 160, 160]  # the tree sends each repeat to its tenant's replica
@@ -148,19 +163,48 @@ def test_a_session_sticks_to_its_replica(cluster, scope):
         cluster.end_session("s1", cache_scope=scope)
 
 
-def test_a_row_made_on_one_replica_is_restored_by_the_other(cluster, scope):
-    prompt = prefix(4, 300)
+def test_a_row_made_on_one_replica_is_found_by_the_other_with_no_sync_call(cluster, scope):
+    prompt = prefix(9, 300)
     cluster.set_router(lambda req, reps: reps[0].index)
     try:
         first = cluster.complete(prompt, response_tokens=6, cache_scope=scope)
-        assert first.stats.cache_hit_kind == "cold"
-        lens = cluster.cached_prefix_lens(prompt, scope)
-        assert lens[first.model] >= 290 and min(lens.values()) == 0  # the other has not scanned it yet
-        cluster.sync_cache()
-        assert min(cluster.cached_prefix_lens(prompt, scope).values()) >= 290
-        assert max(cluster.cached_prefix_lens(prompt, scope + "-other").values()) == 0  # tenant scope holds
-        cluster.set_router(lambda req, reps: [r for r in reps if r.name != first.model][0].index)
+        other = next(m.name for m in cluster.members if m.name != first.model)
+        adopted = cluster.replicas().loc[other, "peer_rows"]
+        assert first.stats.cache_hit_kind == "cold" and cluster.wait_for_saves()  # the row is published
+        cluster.set_router(lambda req, reps: [r for r in reps if r.name == other][0].index)  # no probe first
         second = cluster.complete(prompt, response_tokens=6, cache_scope=scope)
+    finally:
+        cluster.set_router("cache_affinity")
+    assert second.model == other
+    assert second.stats.cache_hit_kind in ("exact", "partial") and second.stats.prefilled_tokens <= 10
+    assert second.tokens == first.tokens
+    assert cluster.replicas().loc[other, "peer_rows"] > adopted
+    assert min(cluster.cached_prefix_lens(prompt, scope).values()) >= 290
+    assert max(cluster.cached_prefix_lens(prompt, scope + "-other").values()) == 0  # tenant scope holds
+
+
+def test_a_probe_finds_a_row_a_peer_published_since_its_last_look(cluster, scope):
+    prompt = prefix(10, 200)
+    r = cluster.prefill_only(prompt, cache_scope=scope)
+    # the publish is the writer's; every replica's probe (no sync call) finds it once it lands
+    assert wait_for(lambda: min(cluster.cached_prefix_lens(prompt, scope).values()) >= 199, timeout=30)
+    assert r.stats.generated_tokens == 0 and cluster.replicas()["cache_sync"].eq("auto").all()
+
+
+def test_sync_cache_shares_rows_when_cache_sync_is_manual(cluster, scope):
+    prompt = prefix(4, 300)
+    cluster.set_router(lambda req, reps: reps[0].index)
+    try:
+        with private_caches(cluster):
+            first = cluster.complete(prompt, response_tokens=6, cache_scope=scope)
+            assert first.stats.cache_hit_kind == "cold"
+            lens = cluster.cached_prefix_lens(prompt, scope)
+            assert lens[first.model] >= 290 and min(lens.values()) == 0  # the other has not scanned it yet
+            cluster.sync_cache()
+            assert min(cluster.cached_prefix_lens(prompt, scope).values()) >= 290
+            assert max(cluster.cached_prefix_lens(prompt, scope + "-other").values()) == 0  # tenant scope holds
+            cluster.set_router(lambda req, reps: [r for r in reps if r.name != first.model][0].index)
+            second = cluster.complete(prompt, response_tokens=6, cache_scope=scope)
     finally:
         cluster.set_router("cache_affinity")
     assert second.model != first.model
@@ -225,9 +269,10 @@ def test_speculation_across_replicas_gives_the_verifiers_greedy_reply(cluster, s
 
 def test_prefill_only_stores_its_row_on_the_replica_it_was_routed_to(cluster, scope):
     prompt = prefix(8, 64)
-    r = cluster.prefill_only(prompt, cache_scope=scope)
-    assert r.stats.generated_tokens == 0 and r.finish_key
-    lens = cluster.cached_prefix_lens(prompt, scope)
+    with private_caches(cluster):
+        r = cluster.prefill_only(prompt, cache_scope=scope)
+        assert r.stats.generated_tokens == 0 and r.finish_key
+        lens = cluster.cached_prefix_lens(prompt, scope)
     assert lens[r.model] >= 63 and sum(lens.values()) == lens[r.model]  # the other has not scanned it
     assert cluster.decisions().iloc[-1]["kind"] == "prefill"
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -13,6 +14,7 @@ from ..errors import InvalidOption
 from .chunk_store import DEFAULT_CHUNK_SIZE, ChunkStore
 from .chunked import ChunkedCache
 from .policies import DEFAULT_POLICY
+from .store import ROW_SUFFIX
 from .tiered import TieredCache
 from .tiers import DiskTier, FileTier, RamTier, ShmTier, Tier
 
@@ -118,3 +120,60 @@ def make_chunked(tiers: Sequence[Mapping[str, Any]], policy: Any, chunk_size: in
                        policy=policy if spec_policy is None else spec_policy, ram_budget_bytes=ram_budget,
                        name=main.name)
     return ChunkedCache(store, dir_kind=main.kind, **pool)
+
+
+class PeerRows:
+    """Rows other processes publish to this process's persistent tiers (a shm or disk root
+    they share: the replicas of a cluster, two notebooks on one machine), adopted without
+    an explicit rescan. :meth:`adopt`, called where a lookup is about to happen, costs a
+    stat per persistent tier when nothing changed; a directory that changed is listed, and
+    only when it names a row file the cache does not hold is the cache's own scan run (the
+    publish protocol makes a row file visible only once whole and fsynced, and the scan
+    verifies headers and tokens, so a peer's row is adopted as a restart adopts it).
+    Rows stay whole rows: a chunked cache (``storage='chunks'``) is not rescanned here."""
+
+    # mtimes are coarse (a clock tick): a directory changed within this of its last listing
+    # is listed again, so a row published in the same tick as that listing is not missed
+    FRESH_NS = 1_000_000_000
+
+    def __init__(self) -> None:
+        self._looked: dict[str, tuple[int, int]] = {}  # root -> (its mtime, when it was listed)
+        self._lock = threading.Lock()  # one look at a time: a second caller waits for the scan
+
+    def adopt(self, cache: PrefixCache | None = None) -> int:
+        """Rescan when a peer published rows since the last look; returns how many row
+        files were new to the cache (0 when nothing was scanned)."""
+        cache = shared_cache() if cache is None else cache
+        if isinstance(cache, ChunkedCache):
+            return 0
+        with self._lock:
+            return self._adopt(cache)
+
+    def _adopt(self, cache: TieredCache) -> int:
+        roots = [str(t["root"]) for t in cache.list_tiers() if t.get("persistent") and t.get("root")]
+        changed = [root for root in roots if self._changed(root)]
+        if not changed:
+            return 0
+        held = set(cache.keys())
+        new = sum(len(self._row_names(root) - held) for root in changed)
+        if new:
+            cache.scan()
+        return new
+
+    def _changed(self, root: str) -> bool:
+        try:
+            mtime = os.stat(root).st_mtime_ns
+        except OSError:
+            return False
+        looked = self._looked.get(root)
+        if looked is not None and looked[0] == mtime and looked[1] - mtime > self.FRESH_NS:
+            return False
+        self._looked[root] = (mtime, time.time_ns())
+        return True
+
+    @staticmethod
+    def _row_names(root: str) -> set[str]:
+        try:
+            return {name[:-len(ROW_SUFFIX)] for name in os.listdir(root) if name.endswith(ROW_SUFFIX)}
+        except OSError:
+            return set()

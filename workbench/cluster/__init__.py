@@ -28,8 +28,8 @@ _current: Cluster | None = None
 def start(replicas: int = 2, model: str | None = None, router: Any = "cache_affinity", *,
           router_options: dict[str, Any] | None = None, threads: int = 1, max_restarts: int = 1,
           address: str | None = None, num_cpus: int | None = None,
-          cache_tiers: Sequence[Mapping[str, Any]] | None = None, ready_timeout_s: float = 180.0,
-          **load: Any) -> Cluster:
+          cache_tiers: Sequence[Mapping[str, Any]] | None = None, cache_sync: str = "auto",
+          ready_timeout_s: float = 180.0, **load: Any) -> Cluster:
     """Start ``replicas`` actors, each loading ``model`` (default: the default model) with
     ``threads`` threads and the other load_model options in ``load``, behind ``router``
     (a name in ROUTERS with ``router_options``, a router object, or a function).
@@ -37,17 +37,19 @@ def start(replicas: int = 2, model: str | None = None, router: Any = "cache_affi
     Without ``address`` and with no Ray running, a local Ray is started with ``num_cpus``
     (default replicas x threads) and stopped by :meth:`Cluster.shutdown`. ``cache_tiers``
     (as configure_cache takes them) give every replica the same tiers: a shm or disk root
-    they share is a shared tier (see Cluster.sync_cache). Ray restarts a dead replica up to
+    they share is a shared tier: with ``cache_sync='auto'`` a replica adopts the rows the
+    others published there before each lookup; ``'manual'``: only at Cluster.sync_cache.
+    Ray restarts a dead replica up to
     ``max_restarts`` times (-1: always).
     """
     from . import launch
 
-    launch.check_options(replicas, threads, max_restarts, num_cpus, address, ready_timeout_s, cache_tiers)
+    launch.check_options(replicas, threads, max_restarts, num_cpus, address, ready_timeout_s, cache_tiers, cache_sync)
     chosen = make_router(router, router_options)
     opts = launch.load_options(model, threads, load, local=address is None)
     started = launch.init_ray(address, num_cpus or replicas * threads)
     try:
-        members = launch.start_members(replicas, threads, max_restarts, opts, cache_tiers, ready_timeout_s)
+        members = launch.start_members(replicas, threads, max_restarts, opts, cache_tiers, ready_timeout_s, cache_sync)
     except BaseException:
         if started:
             import ray
@@ -55,7 +57,7 @@ def start(replicas: int = 2, model: str | None = None, router: Any = "cache_affi
             ray.shutdown()
         raise
     global _current
-    _current = Cluster(members, chosen, started, cache_tiers)
+    _current = Cluster(members, chosen, started, cache_tiers, cache_sync)
     return _current
 
 

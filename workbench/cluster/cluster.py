@@ -23,7 +23,9 @@ from ..chat import ChatResult
 from ..engine.events import CompletionResult, Stats
 from ..errors import InvalidOption, ReplicaDown
 from ..options import RequestOptions, build, check_scope, check_session_id
+from ..options.rules import one_of
 from .members import ACTOR_GONE, Member
+from .replica import CACHE_SYNCS
 from .routers import RouteRequest, make_router, router_name
 from .routing import Routing, SessionKey
 from .stream import ClusterChatStream, ClusterStream, Pump, start_remote
@@ -32,9 +34,10 @@ from .wire import unpack_error
 
 class Cluster:
     def __init__(self, members: list[Member], router: Any, started_ray: bool,
-                 cache_tiers: Sequence[Mapping[str, Any]] | None) -> None:
+                 cache_tiers: Sequence[Mapping[str, Any]] | None, cache_sync: str = "auto") -> None:
         self.routing = Routing(members, router)
         self.cache_tiers = cache_tiers
+        self.cache_sync = cache_sync
         self._started_ray = started_ray
         self._closed = False
 
@@ -141,8 +144,8 @@ class Cluster:
         lost = None if continuing else self.routing.lost_by(session)
         m = self.routing.route(key, kind, ref, session, continuing, exclude)
         try:
-            if lost is not None and self.cache_tiers:  # restore the lost session's rows from a shared tier
-                self.call_replica(m, "sync_cache", (), {})
+            if lost is not None and self.cache_tiers and self.cache_sync == "manual":
+                self.call_replica(m, "sync_cache", (), {})  # restore the lost session's rows from a shared tier
             gen, local = start_remote(m, ref, call, args, opts)
         except ACTOR_GONE as e:
             m.mark_down(e)
@@ -236,9 +239,18 @@ class Cluster:
 
     def sync_cache(self) -> dict[str, int]:
         """Let every replica adopt the rows the others published to the shared tiers
-        (``cache_tiers`` with a shm or disk root they share); returns each one's rows."""
+        (``cache_tiers`` with a shm or disk root they share) now, by a fresh cache of its
+        tiers (RAM rows dropped); returns each one's rows. With ``cache_sync='auto'`` (the
+        default) they adopt them anyway, before each lookup."""
         self.wait_for_saves()
         return {m.name: n for m, n in self._gather("sync_cache")}
+
+    def set_cache_sync(self, mode: str) -> dict[str, str]:
+        """'auto': every replica adopts the rows the others published to the shared tiers
+        before each lookup; 'manual': only at sync_cache. A replica Ray restarts comes back
+        with start's ``cache_sync``."""
+        self.cache_sync = one_of(*CACHE_SYNCS)("cache_sync", mode, "cluster option")
+        return {m.name: v for m, v in self._gather("set_cache_sync", (mode,))}
 
     def reset_cache(self) -> dict[str, int]:
         """Give every replica a fresh cache of its tiers (RAM rows dropped, persistent tiers

@@ -20,7 +20,8 @@ from ..errors import InvalidOption, ReplicaDown
 from ..models import check_model_file
 from ..options import LoadConfig, build, check_int, check_number
 from .members import ACTOR_GONE, Member
-from .replica import Replica
+from ..options.rules import one_of
+from .replica import CACHE_SYNCS, Replica
 from .wire import unpack_error
 
 WHERE = "cluster option"
@@ -30,10 +31,11 @@ class _ReplicaActor(Replica):
     """Replica, keeping its load error for the first call instead of dying in __init__
     (a crash there would be retried by Ray and reach the caller as an untyped error)."""
 
-    def __init__(self, name: str, load: Mapping[str, Any], cache_tiers: Sequence[Mapping[str, Any]] | None) -> None:
+    def __init__(self, name: str, load: Mapping[str, Any], cache_tiers: Sequence[Mapping[str, Any]] | None,
+                 cache_sync: str) -> None:
         self.init_error: Any = None
         try:
-            super().__init__(name, load, cache_tiers)
+            super().__init__(name, load, cache_tiers, cache_sync)
         except Exception as e:
             from .wire import pack_error
 
@@ -46,7 +48,7 @@ class _ReplicaActor(Replica):
 
 
 def check_options(replicas: Any, threads: Any, max_restarts: Any, num_cpus: Any, address: Any,
-                  ready_timeout_s: Any, cache_tiers: Any) -> None:
+                  ready_timeout_s: Any, cache_tiers: Any, cache_sync: Any = "auto") -> None:
     check_int("replicas", replicas, 1, 64, where=WHERE)
     check_int("threads", threads, 1, 512, where=WHERE)
     check_int("max_restarts", max_restarts, -1, 1000, where=WHERE)
@@ -60,6 +62,7 @@ def check_options(replicas: Any, threads: Any, max_restarts: Any, num_cpus: Any,
                                     or not all(isinstance(t, Mapping) for t in cache_tiers) or not cache_tiers):
         raise InvalidOption("cache_tiers", cache_tiers, "a non-empty list of tier dicts (as configure_cache takes)",
                             WHERE)
+    one_of(*CACHE_SYNCS)("cache_sync", cache_sync, WHERE)
 
 
 def load_options(model: Any, threads: int, load: Mapping[str, Any], local: bool) -> dict[str, Any]:
@@ -91,12 +94,13 @@ def init_ray(address: str | None, num_cpus: int) -> bool:
 
 
 def start_members(replicas: int, threads: int, max_restarts: int, load: dict[str, Any],
-                  cache_tiers: Sequence[Mapping[str, Any]] | None, ready_timeout_s: float) -> list[Member]:
+                  cache_tiers: Sequence[Mapping[str, Any]] | None, ready_timeout_s: float,
+                  cache_sync: str = "auto") -> list[Member]:
     remote: Any = ray.remote(_ReplicaActor).options(num_cpus=threads, max_restarts=max_restarts, max_task_retries=0,
                                                max_concurrency=64)
     base = load.get("model_id") or "replica"
     names = [f"{base}-{i}" for i in range(replicas)]
-    actors: list[Any] = [remote.remote(name, dict(load, model_id=name), cache_tiers) for name in names]
+    actors: list[Any] = [remote.remote(name, dict(load, model_id=name), cache_tiers, cache_sync) for name in names]
     hellos = [a.hello.remote() for a in actors]
     ready, _ = ray.wait(hellos, num_returns=len(hellos), timeout=ready_timeout_s)
     try:

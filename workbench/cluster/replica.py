@@ -4,6 +4,10 @@ The cluster wraps :class:`Replica` with ``ray.remote`` as a threaded actor, so a
 a probe is served while a stream runs. Everything a replica sends back is plain data:
 results and events as they are, errors packed by ``wire`` (see there why).
 
+With shared tiers and ``cache_sync='auto'``, a replica adopts the rows its peers
+published there before each lookup (a probe, a request, a cached_prefix_len): see
+``cache.shared.PeerRows``; ``'manual'`` leaves it to ``sync_cache``.
+
 A stream is a Ray streaming generator (:meth:`Replica.run`): its first item says whether
 the request started (its local ref) or was refused (the error the facade raised), then
 come lists of events, as many as were ready at once. A generator closed early (the caller
@@ -18,6 +22,7 @@ import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+from ..cache.shared import PeerRows
 from ..errors import InvalidOption, WorkbenchError
 from .wire import RemoteError, pack_error, pack_events
 
@@ -27,16 +32,21 @@ PER_MODEL_CALLS = ("cached_prefix_len", "detokenize", "draft_tokens", "embed", "
                    "model_info", "prefill_only", "reset_session", "sessions", "tokenize", "verify")
 PROCESS_CALLS = ("cache_info", "counters", "requests", "wait_for_saves")
 STREAM_CALLS = ("stream", "continue_session", "chat_stream")
+CACHE_SYNCS = ("auto", "manual")
 
 
 class Replica:
     """One engine in this process; ``incarnation`` changes when Ray restarts the actor."""
 
-    def __init__(self, name: str, load: Mapping[str, Any], cache_tiers: Sequence[Mapping[str, Any]] | None) -> None:
+    def __init__(self, name: str, load: Mapping[str, Any], cache_tiers: Sequence[Mapping[str, Any]] | None,
+                 cache_sync: str = "auto") -> None:
         import workbench as wb
 
         self.name = name
         self.cache_tiers = list(cache_tiers) if cache_tiers else None
+        self.cache_sync = cache_sync
+        self.peer_rows = 0  # rows adopted from peers automatically
+        self._peers = PeerRows()
         if self.cache_tiers:
             wb.configure_cache(self.cache_tiers)
         self.model = wb.load_model(**load)
@@ -55,6 +65,7 @@ class Replica:
         import workbench as wb
 
         try:
+            self.adopt_peer_rows()
             cached = wb.cached_prefix_len(self.model, prompt, cache_scope)
         except WorkbenchError:
             cached = 0
@@ -70,7 +81,7 @@ class Replica:
         return {"incarnation": self.incarnation, "pid": os.getpid(), "queue_depth": wb.queue_depth(self.model),
                 "pending_len": wb.pending_len(self.model), "last_cache_hit": wb.last_cache_hit(self.model),
                 "tiers": {t["name"]: t.get("used_bytes", 0) for t in info.get("tiers", [])},
-                "counters": counters}
+                "counters": counters, "peer_rows": self.peer_rows, "cache_sync": self.cache_sync}
 
     # --- calls ----------------------------------------------------------------------------------
     def call(self, name: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[str, Any]:
@@ -79,6 +90,7 @@ class Replica:
 
         try:
             if name in PER_MODEL_CALLS:
+                self.adopt_peer_rows()
                 return "ok", getattr(wb, name)(self.model, *args, **kwargs)
             if name in PROCESS_CALLS:
                 return "ok", getattr(wb, name)(*args, **kwargs)
@@ -88,6 +100,8 @@ class Replica:
                 return "ok", self.sync_cache()
             if name == "reset_cache":
                 return "ok", self.reset_cache()
+            if name == "set_cache_sync":
+                return "ok", self.set_cache_sync(*args)
             raise InvalidOption("call", name, "a call a replica serves")
         except Exception as e:
             return "error", pack_error(e)
@@ -101,6 +115,22 @@ class Replica:
             return 0
         wb.wait_for_saves(30.0)
         return int(wb.configure_cache(self.cache_tiers).get("rows", 0))
+
+    def adopt_peer_rows(self) -> int:
+        """With ``cache_sync='auto'`` and shared tiers: adopt the rows peers published since
+        the last look (a stat per tier when there are none); returns how many."""
+        if self.cache_sync != "auto" or not self.cache_tiers:
+            return 0
+        n = self._peers.adopt()
+        self.peer_rows += n
+        return n
+
+    def set_cache_sync(self, mode: str) -> str:
+        """'auto' or 'manual' from now on (a restarted replica comes back with start's)."""
+        if mode not in CACHE_SYNCS:
+            raise InvalidOption("cache_sync", mode, "one of " + ", ".join(map(repr, CACHE_SYNCS)))
+        self.cache_sync = mode
+        return mode
 
     def reset_cache(self) -> int:
         """A fresh cache of this replica's tiers (RAM rows dropped; persistent tiers are
@@ -144,6 +174,7 @@ class Replica:
     def _start(self, call: str, args: Sequence[Any], opts: Mapping[str, Any]) -> Any:
         import workbench as wb
 
+        self.adopt_peer_rows()
         if call == "stream":
             return wb.stream(self.model, *args, **opts)
         if call == "continue_session":
@@ -167,4 +198,4 @@ class Replica:
             yield pack_events(batch)
 
 
-__all__ = ["PER_MODEL_CALLS", "PROCESS_CALLS", "Replica", "RemoteError"]
+__all__ = ["CACHE_SYNCS", "PER_MODEL_CALLS", "PROCESS_CALLS", "Replica", "RemoteError"]

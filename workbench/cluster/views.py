@@ -1,7 +1,8 @@
 """The cluster's views: replicas and routing decisions as DataFrames, and a plot of them.
 
     replicas_frame   one row per replica: state, restarts, load, requests routed, cache
-                     bytes by tier (bytes_<tier>), hits by kind (hits_<kind>), misses
+                     bytes by tier (bytes_<tier>), hits by kind (hits_<kind>), misses,
+                     the cache_sync mode and the rows adopted from peers (peer_rows)
     decisions_frame  one row per routed request: the chosen replica and why, each
                      replica's probed prefix and load (prefix[<name>], load[<name>]), and
                      what came of it (hit kind, tokens reused, TTFT)
@@ -41,7 +42,8 @@ def replicas_frame(cluster: Cluster) -> Any:
         row = m.row()
         f = facts.get(m.name)
         if f is not None:
-            row.update(queue_depth=f["queue_depth"], pending_len=f["pending_len"])
+            row.update(queue_depth=f["queue_depth"], pending_len=f["pending_len"], cache_sync=f["cache_sync"],
+                       peer_rows=f["peer_rows"])
             row.update({f"bytes_{t}": n for t, n in f["tiers"].items()})
             c = f["counters"]
             row.update({k.removeprefix("cache_"): v for k, v in c.items()
