@@ -14,7 +14,7 @@ import pytest
 from crash_kills import kill_at_random, tmp_files
 
 from workbench.cache import keys
-from workbench.cache.chunk_format import CHUNK_SUFFIX, MANIFEST_SUFFIX
+from workbench.cache.chunk_format import CHUNK_SUFFIX, MANIFEST_SUFFIX, chunk_file_size
 from workbench.cache.chunk_store import ChunkStore
 from workbench.cache.format import CorruptRow, RowMeta
 from workbench.cache.store import publish_row
@@ -216,24 +216,26 @@ def test_sigkill_mid_chain_leaves_only_rows_that_verify(tmp_path):
 
 def test_chunks_promote_to_ram_and_demote_one_at_a_time(tmp_path):
     a, b = list(range(8)), list(range(4)) + [50, 51, 52, 53, 54, 55, 56, 57]
-    sizes = sorted(len(p) for p in payloads(a) + payloads(b)[1:])
+    sizes = sorted(chunk_file_size(CS, len(p)) for p in payloads(a) + payloads(b)[1:])  # RAM counts file sizes
     store = ChunkStore(tmp_path / "d", chunk_size=CS, ram_budget_bytes=sum(sizes[1:]) + 10)
     put(store, a), put(store, b)  # chunks a0 (shared), a1, b1, b2: four, RAM holds three
     tiers = {c["key"]: c["tier"] for c in store.chunk_rows()}
     assert sorted(tiers.values()).count("ram") == 3
     shared = keys.chunk_keys(NS, a, CS)[0]
-    assert store.counters.get("demotions_ram") == 1 and tiers[shared.hex()] == "d"  # the oldest went
+    assert store.counters.get("evictions_ram") == 1 and tiers[shared.hex()] == "d"  # the oldest went
     # a chain served partly from files, partly from RAM, promoting what it read
     assert store.read_row(keys.row_key(NS, a))[2] == payloads(a)
     assert store.counters.get("chunk_reads_file") == 1 and store.counters.get("chunk_reads_ram") == 1
-    assert shared in store.ram
+    assert shared in store.tier("ram")
     assert store.read_row(keys.row_key(NS, a))[2] == payloads(a)
     assert store.counters.get("chunk_reads_ram") == 3
     view = {c["key"]: c for c in store.chunk_rows()}
     assert view[shared.hex()]["refcount"] == 2 and view[shared.hex()]["children"] == 2
     assert not view[shared.hex()]["leaf"] and view[keys.chunk_keys(NS, a, CS)[1].hex()]["leaf"]
     store.remove_row(keys.row_key(NS, b))
-    assert store.ram.used == sum(len(p) for p in store.ram.payloads.values())
+    ram = store.tier("ram")
+    held = ram.backend.payloads.values()
+    assert ram.used == sum(ram.sizes.values()) == sum(chunk_file_size(CS, len(p)) for p in held)
 
 
 @pytest.mark.parametrize("policy", ["lru", "lfu", "frecency", "gdsf", "s3fifo",
@@ -244,13 +246,13 @@ def test_every_policy_evicts_leaves_only_within_the_budget(tmp_path, policy):
     probe = ChunkStore(tmp_path / "p", chunk_size=CS)
     put(probe, sys_prompt + [100, 101, 102, 103])
     store = ChunkStore(tmp_path / "d", probe.used * 4, chunk_size=CS, policy=policy)
-    evict = store._evict
+    evict = store.moves.evict_copy
 
-    def leaf_only(victim):
+    def leaf_only(tier, victim, keep, moves):
         assert store.children(victim.key) == 0, "evicted a chunk others depend on"
-        evict(victim)
+        evict(tier, victim, keep, moves)
 
-    store._evict = leaf_only  # type: ignore[method-assign]
+    store.moves.evict_copy = leaf_only  # type: ignore[method-assign]
     for i in range(40):
         tokens = sys_prompt + [1000 + i] * rng.randrange(1, 9)
         assert put(store, tokens) is not None

@@ -1,7 +1,9 @@
 """Where a chunk store keeps its chunks and manifests: files in a private directory
 (`ChunkDir`: crash-safe publish, start-up scan) or process memory (`ChunkMemory`: lost with
 the process, nothing to scan). Both account a chunk at its file size (header, tokens,
-payload), so a store's byte counts do not depend on where it keeps them.
+payload), so a store's byte counts do not depend on where it keeps them. A chunk that is not
+there when read raises `ChunkGone` (evicted or moved meanwhile: the store decides whether
+that is a miss or a missing file).
 """
 
 from __future__ import annotations
@@ -22,8 +24,11 @@ from workbench.cache.chunk_format import (
     read_chunk,
 )
 from workbench.cache.chunk_scan import DirContents, read_dir
-from workbench.cache.format import CorruptReason, CorruptRow
 from workbench.cache.store import TMP_MARK, ensure_private_dir, fsync_dir, publish_file, unlink_quietly
+
+
+class ChunkGone(LookupError):
+    """The chunk is not (or no longer) where it was read from."""
 
 
 class ChunkDir:
@@ -46,11 +51,15 @@ class ChunkDir:
         return chunk_file_size(meta.n_tokens, len(payload))
 
     def read_chunk(self, key: bytes, max_payload: int | None) -> bytes:
-        """The verified payload; CorruptRow when it does not verify or is missing."""
+        """The verified payload; CorruptRow when it does not verify, ChunkGone when the file is
+        not there."""
         try:
             return read_chunk(self.chunk_path(key), max_payload=max_payload)[1]
         except FileNotFoundError:
-            raise CorruptRow(CorruptReason.TRUNCATED, "chunk file missing") from None
+            raise ChunkGone(key.hex()) from None
+
+    def has(self, key: bytes) -> bool:
+        return self.chunk_path(key).is_file()
 
     def delete_chunk(self, key: bytes) -> None:
         unlink_quietly(self.chunk_path(key))
@@ -90,8 +99,11 @@ class ChunkMemory:
     def read_chunk(self, key: bytes, max_payload: int | None) -> bytes:
         payload = self.payloads.get(key)
         if payload is None:
-            raise CorruptRow(CorruptReason.TRUNCATED, "chunk missing")
+            raise ChunkGone(key.hex())
         return payload
+
+    def has(self, key: bytes) -> bool:
+        return key in self.payloads
 
     def delete_chunk(self, key: bytes) -> None:
         self.payloads.pop(key, None)

@@ -1,5 +1,5 @@
-"""The chunked KV cache's storage in one directory (or in memory): rows as manifests over
-shared chunks.
+"""The chunked KV cache's storage: rows as manifests over shared chunks, in tiers (RAM, shm,
+disk: `chunk_tiers.ChunkTier`, fastest first).
 
 A row of ``tokens`` is stored as the chunks ``chunk_format.chunks_of`` names (keys by
 ``keys.chunk_keys``) plus a manifest; a chunk another row already stored is not written
@@ -7,112 +7,155 @@ again, so a prefix shared by many rows, sessions or turns is stored once. What i
 chunk (``ChunkInfo``): its size, its parent, the rows whose manifests name it (its
 refcount), how many stored chunks continue it (its children) and its policy bookkeeping.
 
+* **Tiers.** Each chunk lives in one or more tiers. A put writes a new chunk to the first
+  persistent tier that can hold it (or to the memory tier when there is no persistent one)
+  and, when the top tier is RAM above persistent tiers, copies it there too: RAM holds
+  copies only, so a manifest never names a chunk that lives only in process memory.
+  Manifests live in the last tier. A read from a lower tier copies the chunk to the top
+  tier and keeps the lower copy (inclusive promotion, as the row cache's).
+* **Eviction, per tier** (`evictable`): a copy may leave a tier when a lower tier holds
+  the chunk too (it is dropped) or can hold it (it is demoted: written there, making room
+  there in turn), whatever depends on it, so in upper tiers a parent may go down before
+  its children and a chain may span tiers; when neither, the chunk leaves the cache, which
+  only a leaf may do (no stored chunk continues it). Each tier's policy ranks its own
+  chunks (chunk_tiers.py); chunks of pinned or live rows go last; chunks an operation in
+  flight uses (``held``) and chunks being moved are never chosen. Evicting a chunk from the
+  cache drops the rows ending at it; its parent may become a leaf in turn.
+* **Locking.** ``lock`` serialises the bookkeeping; payload I/O runs outside it (as
+  placement.py does for rows): room is made and bytes are reserved under the lock, files
+  are written and read unlocked, the result is committed under the lock. A demoted chunk
+  stays readable from its old tier until its new copy is committed; a read that races an
+  eviction finds the file gone and is a miss (KeyError), never a wrong payload (every
+  read verifies the chunk's key and checksums).
 * **Serving.** ``read_row`` returns a row's chunk payloads only when its manifest and every
-  chunk verify (format checks, keys recomputed, payload checksums); a chunk that fails is
-  deleted with every row that names it, and the read raises ``CorruptRow``. ``lookup`` gives
-  the longest stored prefix of a prompt: a row (a manifest whose tokens are a prefix of the
-  prompt) or a chain of full chunks of the prompt's own keys, whichever is longer.
-* **Crash safety.** Chunks, then the manifest, each by ``store.publish_file`` (tmp, fsync,
-  link, fsync dir): a crash leaves at worst chunks without a manifest (kept when full, as
-  servable prefixes; a tail chunk no manifest names is deleted at scan) and tmp files.
-* **Scan.** Adopts chunks that verify and whose parent chain is present, and manifests whose
-  chunks are all present; deletes and counts the rest (``rejected_<reason>``, orphans), and
-  rejects files of other format versions (version 1 rows, ``*.kv``) as ``bad_version``.
-* **Eviction, leaves first.** Only a chunk no stored chunk continues is a candidate; the
-  policy (any of policies.py, scored per chunk on the chunk's ``RowStats``) orders the
-  candidates, chunks of pinned or live rows last. Evicting a chunk drops the rows that end
-  at it; its parent may become a leaf in turn. A full chunk no row names stays as a
-  servable prefix until it is evicted; a tail chunk no row names is deleted at once.
-
-Not thread-safe by itself: the caller serialises calls (one lock, as TieredCache does).
+  chunk verify; a chunk that fails is deleted with every row that names it, and the read
+  raises ``CorruptRow``. ``lookup`` gives the longest stored prefix of a prompt.
+* **Crash safety.** Chunks, then the manifest, each by ``store.publish_file``; a demotion
+  publishes the new copy before it deletes the old one. Scan: chunk_tier_scan.py.
 """
 
 from __future__ import annotations
 
-import heapq
 import os
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from workbench.cache import keys
+from workbench.cache.chunk_backends import ChunkDir, ChunkGone
 from workbench.cache.chunk_catalog import ChunkCatalog, ChunkInfo
-from workbench.cache.chunk_backends import ChunkDir, ChunkMemory
-from workbench.cache.chunk_ram import RamChunks
-from workbench.cache.chunk_format import (
-    CHUNK_SUFFIX,
-    ChunkMeta,
-    Manifest,
-    chunk_file_size,
-    chunks_of,
-    manifest_size,
-)
+from workbench.cache.chunk_format import CHUNK_SUFFIX, ChunkMeta, Manifest, manifest_size
+from workbench.cache.chunk_tier_moves import TierMoves
+from workbench.cache.chunk_tier_scan import scan_tiers
+from workbench.cache.chunk_tiers import ChunkTier, Move
 from workbench.cache.counters import Counters
 from workbench.cache.format import CorruptReason, CorruptRow
-from workbench.cache.policies import DEFAULT_POLICY, EvictionPolicy, get_policy
-from workbench.cache.store import (
-    unlink_quietly,
-)
+from workbench.cache.policies import DEFAULT_POLICY, EvictionPolicy, PolicySpec
 from workbench.cache.types import SaveReason
 
 DEFAULT_CHUNK_SIZE = 256
 
 
-class ChunkStore(ChunkCatalog):
-    """Rows as manifests over content-addressed chunks in one private directory (``root``),
-    or in process memory (``root=None``)."""
+def one_store_tiers(root: str | os.PathLike[str] | None, budget_bytes: int | None, policy: PolicySpec,
+                    ram_budget_bytes: int, name: str | None) -> list[ChunkTier]:
+    """The tiers of ``ChunkStore(root, budget, ram_budget_bytes=...)``: one directory (or
+    memory, ``root=None``) with RAM copies above it when ``ram_budget_bytes``."""
+    if root is None:
+        if ram_budget_bytes:
+            raise ValueError("a store in memory has no RAM copies (ram_budget_bytes must be 0)")
+        return [ChunkTier.memory(name or "ram", budget_bytes, policy)]
+    main = ChunkTier.directory(root, name, budget_bytes, policy)
+    if ram_budget_bytes < 0:
+        raise ValueError(f"the RAM budget must be >= 0, got {ram_budget_bytes}")
+    return [ChunkTier.memory("ram", ram_budget_bytes, policy), main] if ram_budget_bytes else [main]
 
-    def __init__(self, root: str | os.PathLike[str] | None, budget_bytes: int | None = None, *,
+
+class ChunkStore(ChunkCatalog):
+    """Rows as manifests over content-addressed chunks in ``tiers`` (fastest first), or, the
+    short form, in one private directory ``root`` (memory with ``root=None``) with RAM
+    copies of ``ram_budget_bytes`` above it."""
+
+    def __init__(self, root: str | os.PathLike[str] | None = None, budget_bytes: int | None = None, *,
                  chunk_size: int = DEFAULT_CHUNK_SIZE, policy: Any = DEFAULT_POLICY,
                  counters: Counters | None = None, clock: Callable[[], float] = time.time,
-                 ram_budget_bytes: int = 0, name: str | None = None) -> None:
+                 ram_budget_bytes: int = 0, name: str | None = None,
+                 tiers: Sequence[ChunkTier] | None = None) -> None:
         super().__init__(chunk_size)
-        self.files: ChunkDir | ChunkMemory = (ChunkMemory(name or "ram") if root is None
-                                              else ChunkDir(root, name))
-        if root is None and ram_budget_bytes:
-            raise ValueError("a store in memory has no RAM copies (ram_budget_bytes must be 0)")
-        self.budget = budget_bytes
-        self.policy: EvictionPolicy = get_policy(policy)
+        if tiers is None:
+            tiers = one_store_tiers(root, budget_bytes, policy, ram_budget_bytes, name)
+        elif root is not None or budget_bytes is not None or ram_budget_bytes:
+            raise ValueError("give either tiers or root/budget_bytes/ram_budget_bytes")
+        self.tiers = check_tiers(tiers)
         self.counters = counters or Counters()
         self.clock = clock
-        self.used = 0
-        self.ram = RamChunks(ram_budget_bytes, self.score, self.counters)  # copies, per chunk
-        set_capacity = getattr(self.policy, "set_capacity", None)
-        if set_capacity is not None:
-            set_capacity(budget_bytes)
+        self.lock = threading.RLock()
+        self.used = 0                                   # distinct bytes: each chunk once, manifests
+        self.metas: dict[bytes, ChunkMeta] = {}
+        self.manifest_at: dict[str, ChunkTier] = {}     # row -> the tier holding its manifest
+        self.moves = TierMoves(self)
 
     # --- where things live ----------------------------------------------------------------
 
     @property
+    def policy(self) -> EvictionPolicy:
+        """The last tier's policy: the one that decides which chunks leave the cache."""
+        return self.tiers[-1].policy
+
+    @property
+    def budget(self) -> int | None:
+        """What the cache can hold distinct: the persistent tiers' budgets (RAM holds copies
+        above them), or the memory tier's; None when one is unbounded."""
+        persistent = [t for t in self.tiers if t.persistent] or self.tiers
+        budgets = [t.budget for t in persistent]
+        return None if any(b is None for b in budgets) else sum(b for b in budgets if b is not None)
+
+    @property
     def root(self) -> Path:
-        """The directory (a store in memory has none)."""
-        if not isinstance(self.files, ChunkDir):
+        """The last tier's directory (a store in memory has none)."""
+        backend = self.tiers[-1].backend
+        if not isinstance(backend, ChunkDir):
             raise AttributeError("this chunk store keeps its chunks in memory")
-        return self.files.root
+        return backend.root
+
+    def tier(self, name: str) -> ChunkTier:
+        for t in self.tiers:
+            if t.name == name:
+                return t
+        raise KeyError(f"no chunk tier named {name!r}; tiers: {[t.name for t in self.tiers]}")
+
+    def holders(self, key: bytes) -> list[ChunkTier]:
+        return [t for t in self.tiers if key in t]
+
+    def top_tier(self, key: bytes) -> ChunkTier | None:
+        return next((t for t in self.tiers if key in t), None)
 
     def _chunk_path(self, key: bytes) -> Path:
         return self.root / f"{key.hex()}{CHUNK_SUFFIX}"
 
-    def _adopt_chunk(self, meta: ChunkMeta, size: int, created_at: float) -> ChunkInfo:
+    def adopt_chunk(self, meta: ChunkMeta, size: int, created_at: float, tier: ChunkTier, *,
+                    admitted: bool = False) -> ChunkInfo:
+        """Enter a chunk into the catalog, held by ``tier`` (its policy admitted it already
+        when ``admitted``)."""
         self.used += size
         info = self.add_chunk(meta, size, created_at)
-        self._hook("on_admit", info)
-        self._hook("on_insert", info)
+        self.metas[meta.key] = meta
+        if not admitted:
+            tier.admit(info.stats)
+        tier.add(info, size)
         return info
 
-    def _hook(self, name: str, info: ChunkInfo) -> None:
-        """A policy's optional hook (policies.py), called with the chunk's RowStats."""
-        fn = getattr(self.policy, name, None)
-        if fn is not None:
-            fn(info.stats)
-
-    def _absorb(self, c: ChunkInfo) -> None:
+    def absorb(self, c: ChunkInfo) -> None:
         """Tail chunks whose positions ``c`` holds too go; their rows are served by ``c``."""
         for t in self.covered_tails(c):
             self.move_rows(t, c)
-            self._drop_chunk(t.key)
+            self.drop_chunk(t.key)
             self.counters.inc("tails_absorbed")
+
+    def entry_tiers(self) -> list[ChunkTier]:
+        """Where a put writes new chunks: the persistent tiers, else the memory tier."""
+        return [t for t in self.tiers if t.persistent] or self.tiers[:1]
 
     # --- writing -----------------------------------------------------------------------
 
@@ -121,234 +164,218 @@ class ChunkStore(ChunkCatalog):
                 pinned: bool = False) -> str | None:
         """Store a row; ``pieces``: the payloads of its chunks from ``missing()`` on (chunks
         stored already are not written again). Returns the row key, None when the row cannot
-        fit the budget."""
+        fit the budgets or its chunks before the cut went meanwhile (``saves_chunks_gone``).
+        ValueError when ``pieces`` start after the first missing chunk; OSError when a write
+        fails (nothing of the row is kept)."""
         raw = keys.token_bytes(tokens)
-        key = keys.row_key_from_bytes(namespace, raw)
-        if key in self.rows:
-            self.counters.inc("saves_duplicate")
-            return key
-        now = self.clock()
-        metas = chunks_of(namespace, fingerprint, raw, self.chunk_size, now)
-        first = len(metas) - len(pieces)
-        if first < 0 or first > self.missing(namespace, raw):
-            raise ValueError(f"{len(pieces)} chunk payloads for a row whose stored chunks end before chunk {first}")
-        manifest = Manifest(key, namespace, fingerprint, raw, self.chunk_size, tuple(m.key for m in metas),
-                            SaveReason(reason), now, 0, pinned)
-        covered = self.missing(namespace, raw) == len(metas)
-        new = [(m, p) for m, p in zip(metas[first:], pieces) if m.key not in self.chunks and not covered]
-        need = sum(chunk_file_size(m.n_tokens, len(p)) for m, p in new) + manifest_size(len(raw) // 4, len(metas))
-        if not self._make_room(need, keep=set(manifest.chunks) | set(self.resolve(manifest) or ())):
-            self.counters.inc("saves_too_large")
+        with self.lock:
+            key = keys.row_key_from_bytes(namespace, raw)
+            if key in self.rows:
+                self.counters.inc("saves_duplicate")
+                return key
+            plan = self.moves.plan_put(namespace, fingerprint, raw, pieces, SaveReason(reason), pinned)
+        if plan is None:
             return None
-        written = []
-        for m, p in new:
-            written.append(self._adopt_chunk(m, self.files.write_chunk(m, p), now))
-            self.ram.promote(written[-1], p, self.chunks)
-            self.counters.inc("chunks_written")
-        self.counters.inc("chunks_shared", len(metas) - len(new))
-        self.used += self.files.write_manifest(manifest)
-        served_by = self.resolve(manifest)
-        assert served_by is not None
-        self.add_row(manifest, served_by)
-        for c in written:
-            self._absorb(c)
-        if pinned:
-            self.pin(key)
-        self.counters.inc(f"saves_{SaveReason(reason).name.lower()}")
-        return key
+        return self.moves.write_put(plan)
 
     def pin(self, key: str, pinned: bool = True) -> None:
         """Pin a row (its chunks are evicted last), or unpin it (``pinned=False``). The flag
         lives in the manifest, rewritten crash-safely under a fresh name then renamed over
         the old one. KeyError for a row not held."""
-        m = self.rows[key]
-        if m.pinned != pinned:
-            m = Manifest(m.key, m.namespace, m.fingerprint, m.tokens, m.chunk_size, m.chunks, m.reason,
-                         m.created_at, m.hits, pinned)
-            self.files.replace_manifest(m)
-            self.rows[key] = m
-        self.protect(self.row_chunks[key])
+        with self.lock:
+            m = self.rows[key]
+            if m.pinned != pinned:
+                m = Manifest(m.key, m.namespace, m.fingerprint, m.tokens, m.chunk_size, m.chunks, m.reason,
+                             m.created_at, m.hits, pinned)
+                self.manifest_at[key].backend.replace_manifest(m)
+                self.rows[key] = m
+            self.protect(self.row_chunks[key])
 
     # --- reading -----------------------------------------------------------------------
 
     def read_chunks(self, chunk_keys: Sequence[bytes], max_payload: int | None = None) -> list[bytes]:
         """The payloads of a chain of chunks, each verified; CorruptRow (the bad chunk and
         the rows naming it removed) when one does not verify or its payload is longer than
-        ``max_payload`` (default: the store's budget), KeyError when one is not stored."""
-        out = []
-        from_files = []
+        ``max_payload`` (default: the largest tier budget), KeyError when one is not stored
+        (or went while it was read)."""
+        limit = self.max_payload() if max_payload is None else max_payload
+        with self.lock:
+            sources = [self._source(k) for k in chunk_keys]
+            in_memory = {k: t.backend.read_chunk(k, limit) for k, t in zip(chunk_keys, sources) if not t.persistent}
+            self.moves.hold(chunk_keys)
+        got: dict[bytes, bytes] = dict(in_memory)
+        failed: tuple[bytes, ChunkTier, Exception] | None = None
+        try:
+            for k, t in zip(chunk_keys, sources):
+                if k not in got:
+                    got[k] = t.backend.read_chunk(k, limit)
+        except (ChunkGone, CorruptRow) as exc:
+            failed = (k, t, exc)
+        finally:
+            with self.lock:
+                self.moves.release(chunk_keys)
+        if failed is not None:
+            self._failed_read(*failed)
+        with self.lock:
+            if any(k not in self.chunks for k in chunk_keys):
+                raise KeyError("a chunk of the chain went while it was read")
+            promote = self._count_hits(chunk_keys, sources)
+            moves = self.moves.copy_up(promote, got, frozenset(chunk_keys))
+        self.moves.run(moves)
+        return [got[k] for k in chunk_keys]
+
+    def _source(self, key: bytes) -> ChunkTier:
+        if key not in self.chunks:
+            raise KeyError(key.hex())
+        top = self.top_tier(key) or self.moves.moving.get(key)
+        if top is None:
+            raise KeyError(key.hex())
+        return top
+
+    def _failed_read(self, key: bytes, tier: ChunkTier, exc: Exception) -> None:
+        """A read failed: a chunk that went meanwhile is a miss; one still held there whose
+        file is missing or does not verify is removed (with what depends on it)."""
+        with self.lock:
+            if key not in self.chunks or key not in tier:
+                raise KeyError(key.hex()) from exc
+            reason = exc.reason if isinstance(exc, CorruptRow) else CorruptReason.TRUNCATED
+            self.reject_chunk(key, reason)
+        raise exc if isinstance(exc, CorruptRow) else CorruptRow(reason, "chunk file missing")
+
+    def _count_hits(self, chunk_keys: Sequence[bytes], sources: Sequence[ChunkTier]) -> list[bytes]:
+        """Hits and last use per chunk, the serving tier's ``on_hit``; the chunks read from
+        below the top tier (to be copied up)."""
         now = self.clock()
-        for k in chunk_keys:
-            if k not in self.chunks:
-                raise KeyError(k.hex())
-            payload = self.ram.get(k)
-            if payload is not None:
-                self.counters.inc("chunk_reads_ram")
-                out.append(payload)
-                continue
-            try:
-                payload = self.files.read_chunk(k, self.budget if max_payload is None else max_payload)
-            except CorruptRow as exc:
-                self.reject_chunk(k, exc.reason)
-                raise
-            self.counters.inc("chunk_reads_file")
-            from_files.append((k, payload))
-            out.append(payload)
-        chain = frozenset(chunk_keys)
-        for k, payload in from_files:
-            self.ram.promote(self.chunks[k], payload, self.chunks, keep=chain)
-        for k in chunk_keys:
-            stats = self.chunks[k].stats
+        promote = []
+        for k, t in zip(chunk_keys, sources):
+            self.counters.inc("chunk_reads_file" if t.persistent else "chunk_reads_ram")
+            info = self.chunks[k]
+            stats = info.stats
             stats.hits += 1
             stats.last_hit_at = now
             stats.seq = self.tick()
-            self._hook("on_hit", self.chunks[k])
-        return out
+            t.hit(info)
+            if t is not self.tiers[0]:
+                promote.append(k)
+        return promote
 
     def read_row(self, key: str, max_payload: int | None = None) -> tuple[Manifest, tuple[bytes, ...], list[bytes]]:
         """(manifest, the keys of the chunks that serve it, their verified payloads); join them
         with ``n_tokens=manifest.n_tokens`` (a covering chunk holds more positions)."""
-        m = self.rows[key]
-        served_by = self.row_chunks[key]
+        with self.lock:
+            m = self.rows[key]
+            served_by = self.row_chunks[key]
         return m, served_by, self.read_chunks(served_by, max_payload)
+
+    def max_payload(self) -> int | None:
+        budgets = [t.budget for t in self.tiers]
+        return None if any(b is None for b in budgets) else max(b for b in budgets if b is not None)
 
     # --- removing and evicting ---------------------------------------------------------
 
     def reject_chunk(self, key: bytes, reason: CorruptReason) -> None:
-        self.counters.inc(f"rejected_{reason.value}")
-        self.counters.inc("rejected_total")
-        self._drop_chunk(key)
+        with self.lock:
+            self.counters.inc(f"rejected_{reason.value}")
+            self.counters.inc("rejected_total")
+            self.drop_chunk(key)
 
     def remove_row(self, key: str) -> bool:
         """Delete a row's manifest; its chunks stay while another row names them or, full
         ones, as servable prefixes; a tail chunk no row names goes."""
-        popped = self.pop_row(key)
-        if popped is None:
-            return False
-        m, served_by = popped
-        self.files.delete_manifest(key)
-        self.used -= manifest_size(m.n_tokens, len(m.chunks))
-        tail = self.chunks.get(served_by[-1])
-        if tail is not None and not tail.full and not tail.rows and not self.children(tail.key):
-            self._drop_chunk(tail.key)
-        return True
+        with self.lock:
+            popped = self.pop_row(key)
+            if popped is None:
+                return False
+            m, served_by = popped
+            self.forget_manifest(key, manifest_size(m.n_tokens, len(m.chunks)))
+            tail = self.chunks.get(served_by[-1])
+            if tail is not None and not tail.full and not tail.rows and not self.children(tail.key):
+                self.drop_chunk(tail.key)
+            return True
 
-    def _drop_chunk(self, key: bytes) -> None:
-        """Delete a chunk, everything that continues it, and the rows that name it."""
+    def forget_manifest(self, key: str, size: int) -> None:
+        tier = self.manifest_at.pop(key, None)
+        if tier is not None:
+            tier.backend.delete_manifest(key)
+            tier.used -= size
+            self.used -= size
+
+    def drop_chunk(self, key: bytes) -> None:
+        """Delete a chunk from every tier, everything that continues it, and the rows that
+        name it."""
         info = self.chunks.get(key)
         if info is None:
             return
         for child in list(self.kids.get(key, ())):
-            self._drop_chunk(child)
+            self.drop_chunk(child)
         for row in list(info.rows):
             self.remove_row(row)
         if key not in self.chunks:  # removing the rows dropped it as an unnamed tail
             return
         self.pop_chunk(key)
-        self.ram.discard(key)
-        self._hook("on_remove", info)
+        self.metas.pop(key, None)
+        for t in self.holders(key):
+            t.discard(info, evicted=False)
+            t.backend.delete_chunk(key)
+        source = self.moves.moving.pop(key, None)
+        if source is not None:
+            source.backend.delete_chunk(key)
         self.used -= info.size
-        self.files.delete_chunk(key)
 
     def score(self, info: ChunkInfo) -> float:
-        return self.policy.priority(info.stats, self.clock())
+        """The chunk's priority under the policy of the top tier holding it."""
+        tier = self.top_tier(info.key) or self.tiers[-1]
+        return tier.policy.priority(info.stats, self.clock())
 
-    def _make_room(self, need: int, keep: set[bytes]) -> bool:
-        if self.budget is None:
-            return True
-        if need > self.budget:
-            return False
-        while self.used + need > self.budget:
-            victim = self._victim(keep)
-            if victim is None:
-                return False
-            self._evict(victim)
-        return True
-
-    def _evict(self, victim: ChunkInfo) -> None:
-        self.counters.inc("evictions_chunks")
-        self._hook("on_evict", victim)
-        self._drop_chunk(victim.key)
-
-    def _victim(self, keep: set[bytes]) -> ChunkInfo | None:
-        """The leaf to evict: the policy's own choice when it makes one (s3fifo), with every
-        chunk that is not an evictable leaf treated as protected; else the lowest score."""
-        choose = getattr(self.policy, "victim", None)
-        if choose is not None:
-            def held(hex_key: str) -> bool:
-                c = self.chunks.get(bytes.fromhex(hex_key))
-                return c is None or c.key in keep or c.stats.protected or self.children(c.key) > 0
-            picked = choose(held)
-            c = None if picked is None else self.chunks.get(bytes.fromhex(picked))
-            if c is not None and not held(picked):
-                return c
-        now = self.clock()
-        heap = [(c.stats.protected, self.policy.priority(c.stats, now), c.stats.seq, c.key)
-                for c in self.leaves() if c.key not in keep]
-        return self.chunks[heapq.nsmallest(1, heap)[0][3]] if heap else None
-
-    def evict_bytes(self, n: int) -> int:
-        """Evict leaves until at least ``n`` bytes are freed; returns the bytes freed."""
-        before = self.used
-        while before - self.used < n:
-            victim = self._victim(set())
-            if victim is None:
-                break
-            self._evict(victim)
-        return before - self.used
+    def evict_bytes(self, n: int, tier: str | None = None) -> int:
+        """Evict from ``tier`` (default: the last, where chunks leave the cache, leaves
+        first) until at least ``n`` bytes of it are freed; returns the bytes freed there."""
+        with self.lock:
+            t = self.tiers[-1] if tier is None else self.tier(tier)
+            before = t.used
+            moves: list[Move] = []
+            while before - t.used < n and self.moves.evict_one(t, frozenset(), moves):
+                pass
+            freed = before - t.used
+        self.moves.run(moves)
+        return freed
 
     # --- start-up ------------------------------------------------------------------------
 
     def scan(self, *, tmp_ttl_s: float = 600.0) -> dict[str, int]:
-        """Adopt what verifies (see the module doc); returns what was rejected, by reason."""
-        rejected: dict[str, int] = {}
-
-        def reject(path: str, reason: str) -> None:
-            unlink_quietly(path)
-            rejected[reason] = rejected.get(reason, 0) + 1
-            self.counters.inc(f"rejected_{reason}")
-            self.counters.inc("rejected_total")
-
-        found = self.files.scan(reject, tmp_ttl_s)
-        self.counters.inc("orphans_removed", found.tmp_removed)
-        self._adopt_chains(found.chunks)
-        manifests = found.manifests
-        for path, m in manifests:
-            served_by = None if m.key in self.rows else self.resolve(m)
-            if served_by is None:
-                if m.key not in self.rows:
-                    reject(path, "missing_chunk")
-                continue
-            self.used += manifest_size(m.n_tokens, len(m.chunks))
-            self.add_row(m, served_by)
-        for info in list(self.chunks.values()):
-            if info.key in self.chunks:
-                self._absorb(info)  # a writer killed between a chunk and the absorption
-        for info in [c for c in self.chunks.values() if not c.full and not c.rows and not self.children(c.key)]:
-            self.counters.inc("orphans_removed")
-            self._drop_chunk(info.key)
-        return rejected
-
-    def _adopt_chains(self, found: dict[bytes, tuple[ChunkMeta, int]]) -> None:
-        """Adopt chunks parent first; a chunk whose parent is absent is an orphan."""
-        pending = dict(found)
-        progress = True
-        while pending and progress:
-            progress = False
-            for k, (meta, size) in list(pending.items()):
-                if meta.parent is None or meta.parent in self.chunks:
-                    self._adopt_chunk(meta, size, meta.created_at)
-                    del pending[k]
-                    progress = True
-        for k in pending:
-            self.counters.inc("orphans_removed")
-            self.files.delete_chunk(k)
+        """Adopt what every persistent tier holds (chunk_tier_scan.py); returns what was
+        rejected, by reason."""
+        with self.lock:
+            return scan_tiers(self, tmp_ttl_s)
 
     # --- views -----------------------------------------------------------------------------
 
+    def tier_names(self, key: bytes) -> list[str]:
+        return [t.name for t in self.holders(key)] or [t.name for t in self.moves.moving_to(key)]
+
     def chunk_rows(self) -> list[dict[str, Any]]:
-        """One dict per chunk: key, parent, tokens, bytes, refcount, children, score, tier."""
-        return self.chunk_view(self.score, lambda c: "ram" if c.key in self.ram else self.files.name)
+        """One dict per chunk: key, parent, tokens, bytes, refcount, children, score, tier
+        (the fastest holding it) and tiers (all holding it)."""
+        with self.lock:
+            out = self.chunk_view(self.score, lambda c: (self.tier_names(c.key) or ["moving"])[0])
+            for row in out:
+                row["tiers"] = self.tier_names(bytes.fromhex(row["key"]))
+            return out
 
     def row_views(self) -> list[dict[str, Any]]:
-        return self.row_view()
+        with self.lock:
+            return self.row_view()
+
+
+def check_tiers(tiers: Iterable[ChunkTier]) -> list[ChunkTier]:
+    """Tiers fastest first: at least one, distinct names, a memory tier only at the top."""
+    out = list(tiers)
+    if not out:
+        raise ValueError("a chunk store needs at least one tier")
+    names = [t.name for t in out]
+    if len(set(names)) != len(names):
+        raise ValueError(f"chunk tier names must be distinct, got {names}")
+    if any(not t.persistent for t in out[1:]):
+        raise ValueError(f"a memory tier must be the first of the chunk tiers, got {names}")
+    return out
+

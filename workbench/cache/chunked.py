@@ -9,32 +9,42 @@ still whole rows (``TieredCache``). What differs from the row cache:
   :class:`ChunkHit` (the serving chunk keys with the row key, or None for a chain of full
   chunks no row names), and ``read`` gives the chain's verified payloads, to be joined with
   ``n_tokens``.
-* Storage is one store: chunk files in one directory with RAM copies per chunk, or memory
-  alone (``list_tiers`` shows both as tiers; shm and disk as separate chunk tiers: not yet).
+* Storage is one store over tiers (RAM, shm, disk, fastest first; chunk_store.py): each
+  chunk in one or more of them, demoted and promoted one at a time, a chain spanning them.
 * ``reject_chain`` (a join llama.cpp's side refused although every checksum verified)
   drops the chain from its first chunk, with every row and chunk that continues it: which
   chunk was wrong is not known, so nothing of it is served again.
 
-Thread-safe: one RLock serialises every call into the store (its file writes included:
-lookups wait behind a save's fsync; the row cache writes outside its lock).
+Thread-safe: the store's lock serialises the bookkeeping; payload reads and writes run
+outside it (chunk_tier_moves.py), so a lookup does not wait behind a save's fsync.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
 from workbench.cache import keys
 from workbench.cache.chunk_store import ChunkStore
-from workbench.cache.chunk_views import row_dicts, tier_dicts, tier_of
+from workbench.cache.chunk_tier_views import row_dicts, tier_dicts, tier_of
+from workbench.cache.chunk_tiers import ChunkTier
 from workbench.cache.format import CorruptReason, CorruptRow
 from workbench.cache.keys import CacheNamespace, Tokens
+from workbench.cache.policies import PolicySpec
 from workbench.cache.queued import QueuedSaves
 from workbench.cache.save_queue import SaveQueue
+from workbench.cache.tiers import FileTier, RamTier, Tier
 from workbench.cache.types import HitKind, SaveReason
+from workbench.errors import InvalidOption
+
+#: What chunk storage accepts as tiers (the message of InvalidOption otherwise).
+CHUNK_TIERS = ("tiers fastest first, each name once: an optional RAM tier first (alone: chunks in memory; "
+               "above shm or disk tiers: copies of their chunks), then shm and disk tiers, each with a root of "
+               "its own")
 
 
 @dataclass(slots=True, frozen=True)
@@ -64,10 +74,11 @@ class _Prefixes:
 class ChunkedCache(QueuedSaves):
     storage = "chunks"
 
-    def __init__(self, store: ChunkStore, *, dir_kind: str = "disk", save_workers: int = 2,
+    def __init__(self, store: ChunkStore, *, dir_kind: str | None = None, save_workers: int = 2,
                  max_pending_saves: int = 8) -> None:
-        self._lock = threading.RLock()
-        self._dir_kind = dir_kind  # 'disk' or 'shm': what the store's directory is
+        self._lock: threading.RLock = store.lock
+        if dir_kind is not None and store.tiers[-1].persistent:
+            store.tiers[-1].kind = dir_kind  # 'disk' or 'shm': what the store's directory is
         self._store = store
         self._counters = store.counters
         self._catalog = _Prefixes(store)
@@ -99,16 +110,16 @@ class ChunkedCache(QueuedSaves):
         before the cut were evicted meanwhile (``saves_chunks_gone``)."""
         reason = SaveReason.parse(reason)
         pinned = pinned or reason is SaveReason.AGENT_PREFIX
+        try:
+            key = self._store.put_row(namespace.digest(), namespace.fingerprint_bytes, tokens, pieces, reason)
+        except ValueError:
+            self._counters.inc("saves_chunks_gone")
+            return None
+        except OSError:
+            self._counters.inc("saves_failed")
+            return None
         with self._lock:
-            try:
-                key = self._store.put_row(namespace.digest(), namespace.fingerprint_bytes, tokens, pieces, reason)
-            except ValueError:
-                self._counters.inc("saves_chunks_gone")
-                return None
-            except OSError:
-                self._counters.inc("saves_failed")
-                return None
-            if key is not None and pinned:
+            if key is not None and pinned and key in self._store:
                 self.pin(key)
             if key is not None and live:
                 self._store.set_live(key)
@@ -147,12 +158,12 @@ class ChunkedCache(QueuedSaves):
         """The verified payloads of a hit's chunks; None (a miss) when one was evicted
         meanwhile or does not verify (then it is removed with what depends on it)."""
         start = time.perf_counter_ns()
+        try:
+            pieces = self._store.read_chunks(hit.chunks, max_payload)
+        except (KeyError, CorruptRow):
+            self._counters.inc("get_misses")
+            return None
         with self._lock:
-            try:
-                pieces = self._store.read_chunks(hit.chunks, max_payload)
-            except (KeyError, CorruptRow):
-                self._counters.inc("get_misses")
-                return None
             if hit.key is not None and hit.key in self._store:
                 hits, _ = self._row_hits.get(hit.key, (0, 0.0))
                 self._row_hits[hit.key] = (hits + 1, self._store.clock())
@@ -198,13 +209,10 @@ class ChunkedCache(QueuedSaves):
             return self._store.remove_row(key)
 
     def evict_bytes(self, n: int, tier: str | None = None) -> int:
-        """Free at least ``n`` bytes: of the store (default, or its directory's name: leaves
-        first, by the policy), or of the RAM copies above a directory (``'ram'``: the files
-        stay). Returns the bytes freed."""
-        with self._lock:
-            if tier is not None and tier != self._store.files.name:
-                return self._store.ram.shed(n, self._store.chunks)
-            return self._store.evict_bytes(n)
+        """Free at least ``n`` bytes of ``tier`` (default: the last, where chunks leave the
+        cache, leaves first), by its policy: an upper tier's chunks are demoted (or, copies,
+        dropped). Returns the bytes freed there."""
+        return self._store.evict_bytes(n, tier)
 
     # -- pins and live rows ----------------------------------------------------------------
     def pin(self, key: str) -> str | None:
@@ -243,13 +251,13 @@ class ChunkedCache(QueuedSaves):
 
     def list_tiers(self) -> list[dict[str, Any]]:
         with self._lock:
-            return tier_dicts(self._store, self._dir_kind)
+            return tier_dicts(self._store)
 
     def counters(self) -> dict[str, int]:
         """The counters plus gauges bytes_<tier>, rows_<tier>, rows and chunks."""
         snap = self._counters.snapshot()
         with self._lock:
-            for t in tier_dicts(self._store, self._dir_kind):
+            for t in tier_dicts(self._store):
                 snap[f"bytes_{t['name']}"] = t["used_bytes"]
                 snap[f"rows_{t['name']}"] = t["rows"]
             snap["rows"] = len(self._store.rows)
@@ -271,3 +279,24 @@ class ChunkedCache(QueuedSaves):
     def close(self, wait: bool = True) -> None:
         if self._saves is not None:
             self._saves.close(wait=wait)
+
+
+def chunked_cache(tiers: Sequence[tuple[Tier, PolicySpec | None]], policy: PolicySpec, chunk_size: int,
+                  **pool: Any) -> ChunkedCache:
+    """A chunked cache over these tiers (``shared.make_tier``'s, fastest first, each with its
+    policy or None for ``policy``): RAM tiers in memory, shm and disk tiers as directories
+    with their budgets. InvalidOption for an order chunk storage does not take (CHUNK_TIERS)."""
+    built = []
+    for tier, own in tiers:
+        chosen = policy if own is None else own
+        if isinstance(tier, RamTier):
+            built.append(ChunkTier.memory(tier.name, tier.budget_bytes, chosen))
+        elif isinstance(tier, FileTier):
+            built.append(ChunkTier.directory(tier.root, tier.name, tier.budget_bytes, chosen, kind=tier.kind))
+        else:
+            raise InvalidOption("tiers", tier.name, CHUNK_TIERS, "cache")
+    try:
+        store = ChunkStore(tiers=built, chunk_size=chunk_size)
+    except ValueError as e:
+        raise InvalidOption("tiers", [t.name for t, _ in tiers], f"{CHUNK_TIERS} ({e})", "cache") from None
+    return ChunkedCache(store, **pool)

@@ -1,0 +1,88 @@
+"""A chunk store's start-up scan over all its persistent tiers (each directory read by
+chunk_scan.py), so a chain spanning shm and disk is adopted whole.
+
+* Chunks that verify are adopted parent first over the union of the tiers (a chunk whose
+  parent no tier holds is an orphan: deleted from every tier, ``orphans_removed``); a chunk
+  found in several tiers (a promoted copy, a demotion killed after its new copy was
+  published) is held by each.
+* Manifests are adopted, the last tier's first, when all their chunks are present (else
+  ``rejected_missing_chunk``); a second manifest of a row already adopted is deleted.
+* Then, as in one directory: tails absorbed by the chunk that covers them, and tail chunks
+  no manifest names (a writer killed between its chunks and its manifest) deleted.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from workbench.cache.chunk_format import ChunkMeta, Manifest, manifest_size
+from workbench.cache.chunk_tiers import ChunkTier
+from workbench.cache.store import unlink_quietly
+
+if TYPE_CHECKING:
+    from workbench.cache.chunk_store import ChunkStore
+
+
+def scan_tiers(store: ChunkStore, tmp_ttl_s: float) -> dict[str, int]:
+    """Adopt what the store's directories hold (lock held); rejected files by reason."""
+    rejected: dict[str, int] = {}
+
+    def reject(path: str, reason: str) -> None:
+        unlink_quietly(path)
+        rejected[reason] = rejected.get(reason, 0) + 1
+        store.counters.inc(f"rejected_{reason}")
+        store.counters.inc("rejected_total")
+
+    found: dict[bytes, tuple[ChunkMeta, list[tuple[ChunkTier, int]]]] = {}
+    manifests: list[tuple[ChunkTier, str, Manifest]] = []
+    for tier in store.tiers:
+        if not tier.persistent:
+            continue
+        contents = tier.backend.scan(reject, tmp_ttl_s)
+        store.counters.inc("orphans_removed", contents.tmp_removed)
+        for k, (meta, size) in contents.chunks.items():
+            found.setdefault(k, (meta, []))[1].append((tier, size))
+        manifests[:0] = [(tier, path, m) for path, m in contents.manifests]  # the last tier's first
+    _adopt_chains(store, found)
+    for tier, path, m in manifests:
+        if m.key in store.rows:
+            if store.manifest_at.get(m.key) is not tier:
+                unlink_quietly(path)
+            continue
+        served_by = store.resolve(m)
+        if served_by is None:
+            reject(path, "missing_chunk")
+            continue
+        size = manifest_size(m.n_tokens, len(m.chunks))
+        tier.used += size
+        store.used += size
+        store.manifest_at[m.key] = tier
+        store.add_row(m, served_by)
+    for info in list(store.chunks.values()):
+        if info.key in store.chunks:
+            store.absorb(info)  # a writer killed between a chunk and the absorption
+    for info in [c for c in store.chunks.values() if not c.full and not c.rows and not store.children(c.key)]:
+        store.counters.inc("orphans_removed")
+        store.drop_chunk(info.key)
+    return rejected
+
+
+def _adopt_chains(store: ChunkStore, found: dict[bytes, tuple[ChunkMeta, list[tuple[ChunkTier, int]]]]) -> None:
+    """Adopt chunks parent first; a chunk whose parent is absent is an orphan."""
+    pending = {k: v for k, v in found.items() if k not in store.chunks}
+    progress = True
+    while pending and progress:
+        progress = False
+        for k, (meta, copies) in list(pending.items()):
+            if meta.parent is None or meta.parent in store.chunks:
+                (tier, size), *others = copies
+                info = store.adopt_chunk(meta, size, meta.created_at, tier)
+                for other, other_size in others:
+                    other.admit(info.stats)
+                    other.add(info, other_size)
+                del pending[k]
+                progress = True
+    for k, (_, copies) in pending.items():
+        store.counters.inc("orphans_removed")
+        for tier, _ in copies:
+            tier.backend.delete_chunk(k)
