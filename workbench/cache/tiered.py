@@ -315,10 +315,14 @@ class TieredCache(QueuedSaves):
 
     # -- views -----------------------------------------------------------------------------
     def rows(self) -> list[dict[str, Any]]:
-        """One dict per row, with its score under the policy of the top tier holding it."""
-        now = self._clock()
+        """One dict per row, all from one snapshot under the lock: `now` (one clock reading,
+        the same in every row: a row's age is now - created_at, its idle time now - its last
+        use), its `score` at `now` under the policy of the top tier holding it, and `seq`, the
+        logical access clock breaking ties: a tier evicts by (pinned or live, score, seq),
+        lowest first (s3fifo's score approximates its order)."""
         out = []
         with self._lock:
+            now = self._clock()
             for key, entry in self._catalog.entries.items():
                 s = entry.stats
                 holders = self._stack.holding(key)
@@ -329,7 +333,7 @@ class TieredCache(QueuedSaves):
                     "tier": None if top is None else top.name, "tiers": [h.name for h in holders],
                     "reason": s.reason.name.lower(), "hits": s.hits, "last_hit_at": s.last_hit_at,
                     "created_at": s.created_at, "pinned": s.pinned, "live": s.live,
-                    "score": None if top is None else top.score(s, now),
+                    "score": None if top is None else top.score(s, now), "seq": s.seq, "now": now,
                 })
         return out
 
