@@ -35,6 +35,16 @@ Guarantees:
 What counts as a public call: the functions ``workbench`` exports (``__all__``), wrapped by
 :func:`wrap_namespace` in ``workbench/__init__.py``; ``workbench.api.*`` called directly
 bypasses the chain.
+
+Cluster handles (``wb.cluster.start(...)``: ``c.complete``, ``c.stream``, ...) are not
+wrapped, by choice. The chain belongs to one process: a replica runs its ``workbench``
+calls in its own Ray actor process, under that process's chain (empty: ``add`` in the
+driver does not reach it; a middleware's closures and state could not follow it there
+faithfully anyway). And a cluster call is not a facade call: it names no model (the router
+picks a replica), so a middleware written for ``complete(model, ...)`` (reading
+``arguments["model"]``, :func:`timing`'s model column) would misread it. ``middleware=`` on
+a cluster call is refused (UnknownOption). What a cluster did is told by its own views:
+``c.decisions()``, ``c.requests()``, ``c.counters()``.
 """
 
 from __future__ import annotations
