@@ -51,36 +51,40 @@ class TierMoves:
         self.store = store
         self.moving: dict[bytes, ChunkTier] = {}   # chunk -> the tier its demotion reads from
         self.dest: dict[bytes, ChunkTier] = {}     # chunk -> the tier it is being demoted to
-        self.held: dict[bytes, int] = {}
+        self.held: dict[bytes, int] = {}           # chunks being read: not moved, not evicted
+        self.staying: dict[bytes, int] = {}        # chunks a put builds on: they may move down, not leave
         self.writing: dict[tuple[str, bytes], int] = {}  # (tier, chunk) -> puts writing it now
 
     # -- holds -------------------------------------------------------------------------------
-    def hold(self, chunk_keys: Sequence[bytes] | frozenset[bytes]) -> None:
+    def hold(self, chunk_keys: Sequence[bytes] | frozenset[bytes], counts: dict[bytes, int] | None = None) -> None:
+        counts = self.held if counts is None else counts
         for k in chunk_keys:
-            self.held[k] = self.held.get(k, 0) + 1
+            counts[k] = counts.get(k, 0) + 1
 
-    def release(self, chunk_keys: Sequence[bytes] | frozenset[bytes]) -> None:
+    def release(self, chunk_keys: Sequence[bytes] | frozenset[bytes], counts: dict[bytes, int] | None = None) -> None:
+        counts = self.held if counts is None else counts
         for k in chunk_keys:
-            left = self.held.get(k, 0) - 1
+            left = counts.get(k, 0) - 1
             if left > 0:
-                self.held[k] = left
+                counts[k] = left
             else:
-                self.held.pop(k, None)
+                counts.pop(k, None)
 
     def moving_to(self, key: bytes) -> list[ChunkTier]:
         return [self.dest[key]] if key in self.dest else []
 
     # -- eviction (lock held) ---------------------------------------------------------------
     def evictable(self, tier: ChunkTier, c: ChunkInfo, keep: frozenset[bytes]) -> bool:
-        """May ``c``'s copy leave ``tier``? Not when held or moving; yes when a lower tier
-        holds it or could hold it; else it would leave the cache: only a leaf may."""
+        """May ``c``'s copy leave ``tier``? Not when in ``keep``, held or moving; yes when a
+        lower tier holds it or could hold it; else it would leave the cache: only a leaf
+        may, and not one a put in flight builds on (``staying``)."""
         if c.key in keep or c.key in self.held or c.key in self.moving:
             return False
         tiers = self.store.tiers
         below = tiers[tiers.index(tier) + 1:]
         if any(c.key in t or t.fits(c.size) for t in below):
             return True
-        return self.store.children(c.key) == 0
+        return c.key not in self.staying and self.store.children(c.key) == 0
 
     def evict_one(self, tier: ChunkTier, keep: frozenset[bytes], moves: list[Move]) -> bool:
         """Evict the policy's next choice from ``tier``; False when nothing may go."""
@@ -210,7 +214,7 @@ class TierMoves:
         last = store.tiers[-1]
         reserved = {last: manifest_size(len(raw) // 4, len(metas))}
         new = []
-        for m, p in zip(metas[first:], pieces):
+        for m, p in reversed(list(zip(metas[first:], pieces))):  # the row's end first: its hottest part
             if m.key in store.chunks or covered:
                 continue
             size = chunk_file_size(m.n_tokens, len(p))
@@ -220,15 +224,15 @@ class TierMoves:
                 store.counters.inc("saves_too_large")
                 return None
             reserved[tier] = reserved.get(tier, 0) + size
-            new.append((m, p, tier, size))
+            new.insert(0, (m, p, tier, size))
         keep = frozenset(manifest.chunks) | frozenset(store.resolve(manifest) or ())
         plan = PutPlan(manifest, len(metas), new, {}, keep)
         for m, _, tier, size in new:
             tier.admit(RowStats(m.key.hex(), size, m.n_tokens, now))
             self.writing[(tier.name, m.key)] = self.writing.get((tier.name, m.key), 0) + 1
-        self.hold(plan.keep)
+        self.hold(plan.keep, self.staying)
         for tier, need in reserved.items():
-            if not self.make_room(tier, need, plan.keep, plan.moves):
+            if not self.make_room(tier, need, frozenset(), plan.moves):
                 plan.ok = False
                 break
             tier.reserved += need
@@ -250,7 +254,7 @@ class TierMoves:
         with self.store.lock:
             for tier, n in plan.reserved.items():
                 tier.reserved -= n
-            self.release(plan.keep)
+            self.release(plan.keep, self.staying)
             for m, _, tier, _ in plan.new:
                 left = self.writing.pop((tier.name, m.key)) - 1
                 if left:
