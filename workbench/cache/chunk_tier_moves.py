@@ -213,7 +213,7 @@ class TierMoves:
         covered = missing == len(metas)
         last = store.tiers[-1]
         reserved = {last: manifest_size(len(raw) // 4, len(metas))}
-        new = []
+        new: list[tuple[ChunkMeta, bytes, ChunkTier, int]] = []
         for m, p in reversed(list(zip(metas[first:], pieces))):  # the row's end first: its hottest part
             if m.key in store.chunks or covered:
                 continue
