@@ -310,7 +310,8 @@ def test_chunked_cache_over_shm_and_disk_tiers_and_the_orders_it_refuses(tmp_pat
         ("ram", "ram", "lru"), ("shm", "shm", "lfu"), ("disk", "disk", "lru")]
     assert cache.chunk_size == 16
     for bad in ([(DiskTier("disk", tmp_path / "d2", None), None), (RamTier("ram", 100), None)],
-                [(ShmTier("x", tmp_path / "a", None), None), (DiskTier("x", tmp_path / "b", None), None)]):
+                [(DiskTier("disk", tmp_path / "a", None), None), (ShmTier("shm", tmp_path / "b", None), None)],
+                [(DiskTier("d1", tmp_path / "a", None), None), (DiskTier("d2", tmp_path / "b", None), None)]):
         with pytest.raises(InvalidOption, match="tiers"):
             chunked_cache(bad, "lru", 16)
     counters = cache.counters()

@@ -42,9 +42,10 @@ from workbench.cache.types import HitKind, SaveReason
 from workbench.errors import InvalidOption
 
 #: What chunk storage accepts as tiers (the message of InvalidOption otherwise).
-CHUNK_TIERS = ("tiers fastest first, each name once: an optional RAM tier first (alone: chunks in memory; "
-               "above shm or disk tiers: copies of their chunks), then shm and disk tiers, each with a root of "
+CHUNK_TIERS = ("at most one tier of each kind, fastest first: ram, shm, disk (a RAM tier alone keeps the chunks "
+               "in memory; above shm or disk it holds copies of their chunks); shm and disk each with a root of "
                "its own")
+_KIND_ORDER = {"ram": 0, "shm": 1, "disk": 2}
 
 
 @dataclass(slots=True, frozen=True)
@@ -93,7 +94,7 @@ class ChunkedCache(QueuedSaves):
         return self._store.chunk_size
 
     def scan(self) -> dict[str, int]:
-        """Adopt what the directory holds (start-up); rejected files by reason."""
+        """Adopt what the persistent tiers hold (start-up); rejected files by reason."""
         with self._lock:
             return self._store.scan()
 
@@ -286,6 +287,9 @@ def chunked_cache(tiers: Sequence[tuple[Tier, PolicySpec | None]], policy: Polic
     """A chunked cache over these tiers (``shared.make_tier``'s, fastest first, each with its
     policy or None for ``policy``): RAM tiers in memory, shm and disk tiers as directories
     with their budgets. InvalidOption for an order chunk storage does not take (CHUNK_TIERS)."""
+    ranks = [_KIND_ORDER.get(t.kind, -1) for t, _ in tiers]
+    if -1 in ranks or ranks != sorted(set(ranks)):
+        raise InvalidOption("tiers", [t.name for t, _ in tiers], CHUNK_TIERS, "cache")
     built = []
     for tier, own in tiers:
         chosen = policy if own is None else own
