@@ -21,7 +21,7 @@ EXACT_COLUMNS = ["policy", "size_bytes", "requests", "hits", "exact_hits", "part
                  "miss_ratio", "byte_hit_ratio", "prompt_tokens", "prefill_tokens_saved", "prefill_saved_fraction",
                  "rows_saved", "saves_too_large", "evictions", "evicted_bytes", "rows_end", "bytes_end", "seconds"]
 CHUNK_COLUMNS = ["chunks_end", "logical_bytes_end", "shared_bytes_end", "chunks_written", "chunks_reused",
-                 "chunks_collected"]
+                 "chunks_collected", "chunk_ties"]
 
 
 # --- hand-made traces: exact hits and misses ------------------------------------------------
@@ -31,9 +31,10 @@ def test_tiny_trace_exact_partial_and_cold() -> None:
     b = a + list(range(200, 220))       # extends a: partial hit of 39 (the row a[:39])
     c = list(range(300, 330))           # unrelated: cold
     trace = Trace.from_prompts([a, a, b, c, b])
-    df = lab.replay(trace, ["lru"], [10**6], bytes_per_token=1, checkpoint_every=None, workers=1)
+    df = lab.replay(trace, ["lru"], [10**6], bytes_per_token=1, checkpoint_every=None, workers=1, chunk_size=None)
     row = df.iloc[0]
-    # the prompt row holds the prompt without its last token (n - 1), exact = matched >= n - 1:
+    # whole rows (a row of n tokens costs n bytes here); the prompt row holds the prompt
+    # without its last token (n - 1), exact = matched >= n - 1:
     # a: cold (saves a[:39]); a: exact (39 >= 40 - 1); b: partial 39 (39 < 60 - 1; saves
     # b[:59]); c: cold (saves c[:29]); b: exact (59 >= 60 - 1)
     assert (row.misses, row.exact_hits, row.partial_hits) == (2, 2, 1)
@@ -104,8 +105,14 @@ def test_checkpoints_make_a_shared_prefix_reusable() -> None:
     doc = list(range(1000, 1064))                         # 64 tokens shared
     q1, q2 = doc + [5, 6, 7], doc + [8, 9, 10, 11]
     trace = Trace.from_prompts([q1, q2])
-    plain = lab.replay(trace, ["lru"], [10**6], bytes_per_token=1, checkpoint_every=None, workers=1).iloc[0]
-    every32 = lab.replay(trace, ["lru"], [10**6], bytes_per_token=1, checkpoint_every=32, workers=1).iloc[0]
+    # whole rows: only a row that is a prefix of q2 serves it (chunks: q1's chunk agrees with
+    # q2 for 64 tokens, and a chain lookup resumes there without checkpoints)
+    plain = lab.replay(trace, ["lru"], [10**6], bytes_per_token=1, checkpoint_every=None, workers=1,
+                       chunk_size=None).iloc[0]
+    every32 = lab.replay(trace, ["lru"], [10**6], bytes_per_token=1, checkpoint_every=32, workers=1,
+                         chunk_size=None).iloc[0]
+    chunked = lab.replay(trace, ["lru"], [10**6], bytes_per_token=1, checkpoint_every=None, workers=1).iloc[0]
+    assert chunked.partial_hits == 1 and chunked.prefill_tokens_saved == 64
     assert plain.misses == 2                              # the saved q1[:66] is not a prefix of q2
     # q1 (67 tokens) checkpoints at range(32, 67 - 1, 32) = 32, 64, and its prompt row is 66
     assert every32.partial_hits == 1 and every32.prefill_tokens_saved == 64
@@ -121,7 +128,8 @@ def test_checkpoint_band() -> None:
         return [n for _, _, n, kind in plan.prefill[0] if kind == CHECKPOINT]
 
     def saved(**band: int | None) -> int:
-        df = lab.replay(trace, ["lru"], [10**6], bytes_per_token=1, checkpoint_every=16, workers=1, **band)
+        df = lab.replay(trace, ["lru"], [10**6], bytes_per_token=1, checkpoint_every=16, workers=1, chunk_size=None,
+                        **band)
         ref = reference_replay(trace, "lru", 10**6, 1, checkpoint_every=16, **band)  # type: ignore[arg-type]
         assert df.iloc[0].prefill_tokens_saved == sum(s for _, s in ref)
         return int(df.iloc[0].prefill_tokens_saved)
@@ -169,9 +177,10 @@ def test_agent_prefix_is_pinned_and_survives_pressure() -> None:
     trace = traces.agent_tasks(60, seed=2, agents=1, prefix_tokens=(50, 50), task_tokens=(5, 30),
                                action_tokens=(3, 9), observation_tokens=(5, 40), concurrency=8)
     size = 400  # tokens; a few rows at most
-    with_pin = lab.replay(trace, ["lru"], [size], bytes_per_token=1, checkpoint_every=None, workers=1).iloc[0]
+    with_pin = lab.replay(trace, ["lru"], [size], bytes_per_token=1, checkpoint_every=None, workers=1,
+                          chunk_size=None).iloc[0]
     without = lab.replay(trace, ["lru"], [size], bytes_per_token=1, checkpoint_every=None, workers=1,
-                         saves=("prompt", "finish")).iloc[0]
+                         saves=("prompt", "finish"), chunk_size=None).iloc[0]
     assert with_pin.misses == 1  # only the very first request: every later one starts with the pinned prefix
     assert without.misses > with_pin.misses
 
@@ -262,16 +271,16 @@ def test_user_function_class_and_instance_policies() -> None:
 
     stateful = S3FIFO()
     df = lab.replay(trace, ["lru", oldest_first, LRU, stateful, lambda row, now: -row.n_tokens],
-                    [800, 3000], bytes_per_token=1, checkpoint_every=32, workers=1)
+                    [40_000, 150_000], bytes_per_token=64, checkpoint_every=32, workers=1, chunk_size=16)
     assert list(df["policy"].cat.categories) == ["lru", "oldest_first", "lru#2", "s3fifo", "custom"]
     by = df.set_index(["policy", "size_bytes"])
-    for size in (800, 3000):
+    for size in (40_000, 150_000):
         # a function computing LRU's priority evicts exactly as LRU does
         assert by.loc[("oldest_first", size), "misses"] == by.loc[("lru", size), "misses"]
         assert by.loc[("lru#2", size), "misses"] == by.loc[("lru", size), "misses"]
     assert len(stateful.small) == 0 and len(stateful.main) == 0  # the instance was copied, not used
     # largest first is a different policy: it must change something at the small size
-    assert by.loc[("custom", 800), "evictions"] != by.loc[("lru", 800), "evictions"]
+    assert by.loc[("custom", 40_000), "evictions"] != by.loc[("lru", 40_000), "evictions"]
 
 
 def test_time_invariant_function_takes_the_fast_path_with_the_same_result() -> None:

@@ -3,11 +3,13 @@
 A row of n tokens is stored as the chain `keys.chunk_keys(namespace, tokens[:n], chunk_size)`:
 n // chunk_size full chunks, then a shorter tail chunk when n is not a multiple of the chunk
 size. A chunk's key names (namespace, parent chunk key, its tokens), so two rows with a
-common prefix share its full chunks; a tail is shared only by rows of exactly that length
-(i.e. by the same row).
+common prefix share its full chunks (how the store serves a tail from a longer chunk, and a
+prompt from a chain no row names, is chunksim.py's part).
 
 `ChunkChains` computes, for every row a plan saves, its last chunk, and for every chunk its
-parent and its token count: the chunk tree a replay walks. The token ids are the trace's
+parent, its token count and its token bytes (what the store compares when it serves a tail
+from a covering chunk, or a prompt from a chunk it leaves: chunksim.py), and for each
+prompt its own chain (`chain`): the chunk tree a replay walks. The token ids are the trace's
 real ones (`Trace.segment_bytes`), so the keys equal what the real cache computes for the
 same prompts in the same namespace. The work is incremental: the chain state after each
 segment path (the plan's trie node) is computed once, from its parent's state, because a
@@ -30,18 +32,24 @@ DEFAULT_CHUNK_SIZE = 256  # tokens, the real cache's default
 
 @dataclass(slots=True)
 class ChunkTree:
-    """Every chunk a plan's rows are made of: parent (None for a first chunk) and tokens,
-    and each row's last chunk. Chunk keys are 32-character hex strings (xxh3-128)."""
+    """Every chunk a plan's rows and prompts are made of: parent (None for a first chunk),
+    token count and token bytes, and each row's last chunk. Chunk keys are 32-character hex
+    strings (xxh3-128)."""
 
     chunk_size: int
     parent: dict[str, str | None] = field(default_factory=dict)
     tokens: dict[str, int] = field(default_factory=dict)
+    raw: dict[str, bytes] = field(default_factory=dict)
     last: dict[str, str] = field(default_factory=dict)   # row key -> its last chunk
 
     def chain(self, row_key: str) -> list[str]:
         """The row's chunks, first to last."""
+        return self.chain_to(self.last[row_key])
+
+    def chain_to(self, last: str) -> list[str]:
+        """The chunks from the first to ``last``."""
         out: list[str] = []
-        key: str | None = self.last[row_key]
+        key: str | None = last
         while key is not None:
             out.append(key)
             key = self.parent[key]
@@ -79,13 +87,19 @@ class ChunkChains:
     def add_row(self, row_key: str, path: list[int], segs: list[int], ends: list[int], n: int) -> None:
         """Register the row of the first `n` tokens of the segments `segs` (trie nodes
         `path`, cumulative real lengths `ends`)."""
-        if row_key in self.tree.last:
-            return
+        if row_key not in self.tree.last:
+            self.tree.last[row_key] = self._last(path, segs, ends, n)
+
+    def chain(self, path: list[int], segs: list[int], ends: list[int], n: int) -> tuple[str, ...]:
+        """The chunks of the first `n` tokens (a prompt's: registered, no row made of them)."""
+        return tuple(self.tree.chain_to(self._last(path, segs, ends, n)))
+
+    def _last(self, path: list[int], segs: list[int], ends: list[int], n: int) -> str:
         j = bisect.bisect_left(ends, n)       # the segment holding token n - 1
         start = ends[j - 1] if j else 0
         parent, leftover = self._state(path, segs, j - 1)
         raw = leftover + self._segment(segs[j])[:4 * (n - start)]
-        self.tree.last[row_key] = self._register(parent, raw)
+        return self._register(parent, raw)
 
     def _state(self, path: list[int], segs: list[int], j: int) -> tuple[str | None, bytes]:
         """The chain state after segment j of this path (-1: the root)."""
@@ -110,7 +124,8 @@ class ChunkChains:
             key = digest.hex()
             if key not in tree.parent:
                 tree.parent[key] = parent
-                tree.tokens[key] = min(step, len(raw) - k * step) // 4
+                tree.raw[key] = raw[k * step:(k + 1) * step]
+                tree.tokens[key] = len(tree.raw[key]) // 4
             parent = key
         assert parent is not None
         return parent

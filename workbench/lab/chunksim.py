@@ -1,59 +1,74 @@
-"""The chunk model of the KV cache, payload-free: rows are manifests over shared chunks.
+"""The chunk model of the KV cache, payload-free: the rules of the chunked cache the engine
+uses (`chunked.ChunkedCache` over a one-tier `chunk_store.ChunkStore`), on the lab's chunk
+tree (`chunks.ChunkTree`: keys by `keys.chunk_keys`, token bytes per chunk) and its virtual
+row index, so a replay of 10,000 requests takes seconds. tests/unit/test_lab_vs_store.py
+replays traces through this and through a real ChunkStore on files and requires the same
+hits, bytes and evictions after every request.
 
-A row of n tokens is the chain of chunks `ChunkTree.chain(row)` (keys from
-`keys.chunk_keys`, see chunks.py); a chunk is stored once however many rows hold it, and
-costs `tokens * bytes_per_token` bytes, as the real chunked cache stores it. The rules:
+    bytes    a chunk costs `chunk_format.chunk_file_size(n, n * bytes_per_token)`, a row's
+             manifest `manifest_size(n_tokens, n_chunks)`: the store's file sizes
+    lookup   the longer of the longest stored row that is a prefix of the prompt and the
+             chain of the prompt's own full chunks that is stored, extended into the stored
+             chunk continuing it that agrees longest with the prompt (`ChunkCatalog.lookup`);
+             a row wins a tie of lengths
+    read     every chunk serving the match: hits, last use, seq, the policy's `on_hit`
+    put      a row already stored is not stored again (an agent prefix pins it); a row
+             whose tail a stored chunk of the same parent covers (a longer chunk starting
+             with its tokens) writes no chunk and is served by that chunk; else the chunks
+             from the first missing one are written. Too large when the new chunks and the
+             manifest exceed the budget; else `on_admit` each, evict until they fit (the
+             row's chunks held), then each chunk enters (`on_insert`), the row is added, and
+             tail chunks a new chunk covers go, their rows served by it (absorbed)
+    evict    only a leaf (no stored chunk continues it), by the policy (chunkrank.py):
+             `on_evict`, `on_remove`, then the rows that name it go (each manifest's bytes;
+             a tail chunk no row names any more goes too). A full chunk no row names stays
+             servable (chain lookups) until evicted
+    pin      one pinned row (`ChunkedCache.pin` unpins the namespace's previous one); the
+             chunks serving it are protected: evicted only when nothing else may go
 
-    lookup   the longest cached row that is a token prefix of the prompt (the cache's own
-             `Catalog` / `PrefixIndex` over rows, as in the whole-row model); a row is
-             cached only while all of its chunks are
-    hit      the row's hit count and last use move, and those of every chunk of its chain
-             (each chunk is a unit the policy scores: hits, last use, size, tokens)
-    put      only the chunks not yet cached are new; room is made for their bytes; the
-             chunks the row shares with the cache are held while room is made
-    evict    only a leaf can go: a chunk no cached chunk depends on (children == 0). The
-             policy ranks the leaves, (protected, priority, seq) as `Level.choose_victims`;
-             the chosen leaf takes with it the row that ends in it, and every chunk that
-             no remaining row holds is collected at once (it could serve no lookup). The
-             parent left behind may become a leaf, ranked from then on
-    protect  the chunks of the pinned row (agent prefix) come after every other leaf
-
-Ranking uses the same three modes as `simcache.SimCache` (event-driven heap, one ranking
-per `now`, the cache's full ranking), over leaves only; S3-FIFO chooses itself, told that
-non-leaf and held chunks are protected.
+Ties the store leaves to set order (`ChunkCatalog.lookup`'s agreeing chunks, `cover`'s
+covering chunks) go here to the chunk used last (highest seq); `ties` counts them.
 """
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from workbench.cache.catalog import Catalog
-from workbench.cache.format import RowMeta
-from workbench.cache.levels import Level
+from workbench.cache.chunk_format import chunk_file_size, manifest_size
 from workbench.cache.policies import EvictionPolicy
+from workbench.cache.prefix_index import PrefixIndex
 from workbench.cache.types import RowStats, SaveReason
+from workbench.lab.chunkrank import LeafRanking
 from workbench.lab.chunks import ChunkTree
-from workbench.lab.simcache import INDEX_BLOCK, SimTier, ranking_mode
-
-_FINGERPRINT = bytes(32)
+from workbench.lab.simcache import INDEX_BLOCK, ranking_mode
 
 
 @dataclass(slots=True)
 class Chunk:
-    """One cached chunk: its policy stats (key, bytes, tokens, hits, last use, seq)."""
+    """One stored chunk: its policy stats (hex key, bytes, tokens, hits, last use, seq)."""
 
     stats: RowStats
     parent: str | None
-    children: int = 0   # cached chunks whose parent this is
-    refs: int = 0       # cached rows whose chain holds it
-    pins: int = 0       # pinned rows whose chain holds it
-    held: int = 0       # puts in progress that will hold it
+    full: bool
+    rows: set[str] = field(default_factory=set)   # the rows it serves (its refcount)
 
-    @property
-    def evictable(self) -> bool:
-        return self.children == 0 and self.held == 0
+
+@dataclass(slots=True)
+class Row:
+    n_tokens: int
+    served_by: tuple[str, ...]   # its chunks, the tail possibly a covering chunk
+    manifest_bytes: int
+
+
+@dataclass(slots=True, frozen=True)
+class ChunkHit:
+    """The longest stored prefix: `n_tokens` served by `chunks` (`key`: the row, None for a
+    chain of chunks)."""
+
+    n_tokens: int
+    chunks: tuple[str, ...]
+    key: str | None
 
 
 class ChunkSimCache:
@@ -61,233 +76,317 @@ class ChunkSimCache:
 
     def __init__(self, policy: EvictionPolicy, budget_bytes: int, tree: ChunkTree, bytes_per_token: int, *,
                  index_block: int = INDEX_BLOCK) -> None:
-        self.catalog = Catalog(index_block)
-        self.level = Level(SimTier("sim", budget_bytes), policy)
         self.policy = policy
-        self.mode = ranking_mode(policy)
+        self.budget = budget_bytes
         self.tree = tree
         self.bpt = bytes_per_token
+        self.size = tree.chunk_size
+        self.index = PrefixIndex(index_block)
         self.chunks: dict[str, Chunk] = {}
-        # chunk -> the rows that end in it: one, unless two virtual-token rows have the
-        # same real tokens (possible for rows of a token or two; they share every chunk)
-        self._row_at: dict[str, list[str]] = {}
-        self._heap: list[tuple[bool, float, int, str]] = []
-        self._heap_now: float | None = None
-        self.saves = self.duplicates = self.too_large = 0
+        self.kids: dict[str | None, dict[str, None]] = {}   # anchor (None: the namespace) -> chunks
+        self.rows: dict[str, Row] = {}
+        self.pinned: str | None = None
+        self.used = 0
+        self.rank = LeafRanking(policy, ranking_mode(policy), self.chunks, self._leaf)  # type: ignore[arg-type]
+        self._hooks = {name: getattr(policy, name, None) for name in
+                       ("on_admit", "on_insert", "on_hit", "on_evict", "on_remove")}
+        set_capacity = getattr(policy, "set_capacity", None)
+        if set_capacity is not None:
+            set_capacity(budget_bytes)
+        self._seq = 0
+        self._agree: dict[tuple[str, str], int] = {}
+        self._evicting: str | None = None
+        self.saves = self.duplicates = self.too_large = self.ties = 0
         self.evictions = self.evicted_bytes = self.collected = 0
         self.chunks_written = self.chunks_reused = 0
-        self.logical_bytes = 0   # what the cached rows would take as whole rows
+        self.logical_bytes = 0   # what the stored rows would take as whole rows
 
     @property
     def used_bytes(self) -> int:
-        return self.level.used
+        return self.used
 
     def __len__(self) -> int:
-        return len(self.catalog)
+        return len(self.rows)
 
-    # -- the cache's operations --------------------------------------------------------------
-    def lookup(self, namespace: bytes, raw: bytes) -> RowStats | None:
-        """The longest cached row that is a prefix of `raw` (nothing is touched)."""
-        match = self.catalog.longest_prefix(namespace, raw)
-        return None if match is None else self.catalog.entry(match.key).stats
+    # -- lookups and reads -------------------------------------------------------------------
+    def lookup(self, namespace: bytes, raw: bytes, prompt: tuple[str, ...]) -> ChunkHit | None:
+        """The longest stored prefix of the prompt (virtual tokens `raw`, chunks `prompt`)."""
+        best = None
+        match = self.index.longest_prefix(namespace, raw)
+        if match is not None:
+            row = self.rows[match.key]
+            best = ChunkHit(row.n_tokens, row.served_by, match.key)
+        depth, chunks, tokens = 0, self.chunks, self.tree.tokens
+        while depth < len(prompt) and tokens[prompt[depth]] == self.size and prompt[depth] in chunks:
+            depth += 1
+        chain, n = prompt[:depth], depth * self.size
+        if depth < len(prompt):
+            rest = prompt[depth]
+            inside = self._pick(chain[-1] if chain else None, lambda k: self._agreement(k, rest))
+            if inside is not None:
+                chain, n = (*chain, inside), n + self._agreement(inside, rest)
+        if n and (best is None or n > best.n_tokens):
+            best = ChunkHit(n, chain, None)
+        return best
 
-    def hit(self, row: RowStats, now: float) -> None:
-        """The row was read: it and every chunk of its chain were used."""
-        self.catalog.touch(row, now)
-        for key in self.tree.chain(row.key):
-            chunk = self.chunks[key]
-            self.catalog.touch(chunk.stats, now)
-            self.level.hit(chunk.stats)
-            self._changed(key, chunk, now)
+    def hit(self, match: ChunkHit, now: float) -> None:
+        """The match was read: each chunk serving it was used."""
+        on_hit = self._hooks["on_hit"]
+        for key in match.chunks:
+            s = self.chunks[key].stats
+            s.hits += 1
+            s.last_hit_at = now
+            s.seq = self._tick()
+            if on_hit is not None:
+                on_hit(s)
+            self.rank.changed(key, now)
 
+    # -- storing -----------------------------------------------------------------------------
     def put(self, key: str, namespace: bytes, raw: bytes, n_tokens: int, size: int,
             reason: SaveReason, now: float, *, pinned: bool = False) -> bool:
-        """Store a row (`size` is ignored: its new chunks' bytes count). False for a row
-        already cached (pinning it if asked) or one that cannot be stored."""
-        if key in self.catalog:
+        """Store a row (`size` is ignored: the store's file sizes count). False for a row
+        already stored (pinning it if asked) or one that cannot be stored."""
+        if key in self.rows:
             self.duplicates += 1
             if pinned:
                 self.pin(key, now)
             return False
         chain = self.tree.chain(key)
-        n_old = sum(1 for k in chain if k in self.chunks)   # cached chunks are a prefix
-        new = chain[n_old:]
-        sizes = [self.tree.tokens[k] * self.bpt for k in new]
-        if not self.level.fits(sum(sizes)):
+        first = self._missing(chain, n_tokens)
+        new = chain[first:]
+        sizes = [self._chunk_bytes(k) for k in new]
+        mbytes = manifest_size(n_tokens, len(chain))
+        need = mbytes + sum(sizes)
+        if need > self.budget:
             self.too_large += 1
             return False
-        if not self._make_room(chain[:n_old], new, sizes, reason, now):
+        served = self._resolve(chain, n_tokens)
+        keep = set(chain).union(served or ())
+        if self._hooks["on_admit"] is not None:
+            for k, nbytes in zip(new, sizes):
+                self._hooks["on_admit"](RowStats(k, nbytes, self.tree.tokens[k], now))
+        if not self._make_room(need, keep, now):
             self.too_large += 1
             return False
         for k, nbytes in zip(new, sizes):
-            self._add_chunk(k, nbytes, reason, now)
-            self.chunks[k].refs += 1   # the shared ones were taken by _make_room
+            self._add_chunk(k, nbytes, now)
         self.chunks_written += len(new)
-        self.chunks_reused += n_old
-        stats = RowStats(key, n_tokens * self.bpt, n_tokens, now, reason=reason)
-        self.catalog.add(RowMeta(key, namespace, _FINGERPRINT, raw, reason, now, 0, False), stats)
-        self._row_at.setdefault(chain[-1], []).append(key)
-        self.logical_bytes += stats.size_bytes
-        self.saves += 1
+        self.chunks_reused += len(chain) - len(new)
+        self._add_row(key, namespace, raw, n_tokens, chain, mbytes, now)
+        for k in new:
+            self._absorb(k, now)
         if pinned:
             self.pin(key, now)
+        self.saves += 1
         return True
 
     def pin(self, key: str, now: float) -> bool:
-        """Pin a cached row (unpinning the namespace's previous one); False if not cached."""
-        entry = self.catalog.get(key)
-        if entry is None:
+        """Pin a stored row, unpinning the previous one; False if it is not stored."""
+        row = self.rows.get(key)
+        if row is None:
             return False
-        if not entry.stats.pinned:
-            old = self.catalog.pin(entry)
-            if old is not None and old in self.catalog:
-                self._pin_chain(old, -1, now)
-            self._pin_chain(key, 1, now)
+        old = self.rows.get(self.pinned) if self.pinned is not None and self.pinned != key else None
+        self.pinned = key
+        if old is not None:
+            self._protect(old.served_by, now)
+        self._protect(row.served_by, now)
         return True
 
     def evict_bytes(self, n: int, now: float) -> int:
         """Free at least `n` bytes (leaves first); the bytes freed."""
-        before = self.level.used
-        self._evict(n, now)
-        return before - self.level.used
+        before = self.used
+        while before - self.used < n:
+            victim = self.rank.next((), now)
+            if victim is None:
+                break
+            self._evict(victim, now)
+        return before - self.used
 
     def shared_bytes(self) -> int:
-        """Bytes of chunks held by more than one row."""
-        return sum(c.stats.size_bytes for c in self.chunks.values() if c.refs > 1)
+        """Bytes of chunks serving more than one row."""
+        return sum(c.stats.size_bytes for c in self.chunks.values() if len(c.rows) > 1)
 
-    # -- storing and dropping -----------------------------------------------------------------
-    def _make_room(self, old: list[str], new: list[str], sizes: list[int], reason: SaveReason,
-                   now: float) -> bool:
-        for k, nbytes in zip(new, sizes):
-            self.level.admit(RowStats(k, nbytes, self.tree.tokens[k], now, reason=reason))
-        for k in old:   # held (not evictable) and referenced (not collected) meanwhile
-            self.chunks[k].held += 1
-            self.chunks[k].refs += 1
-        need = self.level.overflow(sum(sizes))
-        if need > 0:
-            self._evict(need, now)
-        for k in old:
-            chunk = self.chunks[k]
-            chunk.held -= 1
-            if chunk.evictable:
-                self._changed(k, chunk, now)
-        if self.level.overflow(sum(sizes)) <= 0:
-            return True
-        self._release(old, None, now)
-        return False
+    # -- the store's rules -------------------------------------------------------------------
+    def _chunk_bytes(self, key: str) -> int:
+        n = self.tree.tokens[key]
+        return chunk_file_size(n, n * self.bpt)
 
-    def _add_chunk(self, key: str, nbytes: int, reason: SaveReason, now: float) -> None:
-        parent = self.tree.parent[key]
-        chunk = self.chunks[key] = Chunk(RowStats(key, nbytes, self.tree.tokens[key], now, reason=reason), parent)
-        chunk.stats.seq = self.catalog.next_seq()
-        if parent is not None:
-            self.chunks[parent].children += 1
-        self.level.add(chunk.stats, nbytes)
-        self._changed(key, chunk, now)
+    def _missing(self, chain: list[str], n_tokens: int) -> int:
+        """`ChunkCatalog.missing`, then no chunk at all when the tail is covered."""
+        for i, k in enumerate(chain):
+            if k not in self.chunks:
+                tail = i == len(chain) - 1 and n_tokens % self.size
+                if tail and self._cover(chain[i - 1] if i else None, k) is not None:
+                    return len(chain)
+                return i
+        return len(chain)
 
-    def _pin_chain(self, row: str, delta: int, now: float) -> None:
-        chain = self.tree.chain(row)
-        for k in chain:
-            self.chunks[k].pins += delta
-        for k in chain:
-            chunk = self.chunks[k]
-            chunk.stats.pinned = chunk.pins > 0
-        tail = self.chunks[chain[-1]]
-        if tail.evictable:
-            self._changed(chain[-1], tail, now)
+    def _cover(self, anchor: str | None, tail: str) -> str | None:
+        """A stored chunk continuing `anchor` whose tokens extend the tail's."""
+        raw = self.tree.raw
+        t = raw[tail]
+        return self._pick(anchor, lambda k: len(raw[k]) > len(t) and raw[k].startswith(t))
 
-    def _drop(self, leaf: str, now: float) -> int:
-        """Evict a leaf: drop the rows ending in it, collect the chunks no row holds."""
-        freed = 0
-        for row in self._row_at.pop(leaf):
-            entry = self.catalog.entry(row)
-            if entry.stats.pinned:
-                self._pin_chain(row, -1, now)
-            self.logical_bytes -= entry.stats.size_bytes
-            self.catalog.forget(row)
-            freed += self._release(self.tree.chain(row), leaf, now)
-        self.evictions += 1
-        self.evicted_bytes += freed
-        return freed
+    def _resolve(self, chain: list[str], n_tokens: int) -> tuple[str, ...] | None:
+        if any(k not in self.chunks for k in chain[:-1]):
+            return None
+        if chain[-1] in self.chunks:
+            return tuple(chain)
+        if n_tokens % self.size == 0:
+            return None
+        cover = self._cover(chain[-2] if len(chain) > 1 else None, chain[-1])
+        return None if cover is None else (*chain[:-1], cover)
 
-    def _release(self, chain: list[str], leaf: str | None, now: float) -> int:
-        """Drop one reference to each chunk of `chain` (a chain prefix); remove those no
-        row holds any more (`leaf` as evicted, the others as collected); the bytes freed."""
-        freed = 0
-        for k in reversed(chain):
-            chunk = self.chunks[k]
-            chunk.refs -= 1
-            if chunk.refs > 0:
-                if chunk.evictable:
-                    self._changed(k, chunk, now)   # a new leaf
+    def _pick(self, anchor: str | None, score: Callable[[str], int]) -> str | None:
+        """The stored chunk continuing `anchor` with the highest positive score (a bool or a
+        count); ties to the highest seq."""
+        best, best_rank, tied = None, (0, 0), False
+        for k in self.kids.get(anchor, ()):
+            value = int(score(k))
+            if value <= 0:
                 continue
-            del self.chunks[k]
-            freed += self.level.discard(chunk.stats, evicted=k == leaf)
-            if k != leaf:
-                self.collected += 1
-            if chunk.parent is not None:
-                self.chunks[chunk.parent].children -= 1
-        return freed
+            rank = (value, self.chunks[k].stats.seq)
+            if value == best_rank[0]:
+                tied = True
+            elif value > best_rank[0]:
+                tied = False
+            if rank > best_rank:
+                best, best_rank = k, rank
+        self.ties += tied
+        return best
 
-    # -- ranking -----------------------------------------------------------------------------
-    def _changed(self, key: str, chunk: Chunk, now: float) -> None:
-        """A chunk's (protected, priority, seq) or leafness may have changed: rank it again."""
-        if not chunk.evictable:
+    def _agreement(self, key: str, rest: str) -> int:
+        """Leading tokens a chunk shares with the prompt's chunk at the same place."""
+        got = self._agree.get((key, rest))
+        if got is None:
+            got = self._agree[(key, rest)] = common_tokens(self.tree.raw[key], self.tree.raw[rest])
+        return got
+
+    def _make_room(self, need: int, keep: set[str], now: float) -> bool:
+        while self.used + need > self.budget:
+            victim = self.rank.next(keep, now)
+            if victim is None:
+                return False
+            self._evict(victim, now)
+        return True
+
+    def _add_chunk(self, key: str, nbytes: int, now: float) -> None:
+        parent = self.tree.parent[key]
+        n = self.tree.tokens[key]
+        self.chunks[key] = Chunk(RowStats(key, nbytes, n, now, seq=self._tick()), parent, n == self.size)
+        self.kids.setdefault(parent, {})[key] = None
+        self.used += nbytes
+        if self._hooks["on_insert"] is not None:
+            self._hooks["on_insert"](self.chunks[key].stats)
+        self.rank.changed(key, now)
+
+    def _add_row(self, key: str, namespace: bytes, raw: bytes, n_tokens: int, chain: list[str], mbytes: int,
+                 now: float) -> None:
+        served = self._resolve(chain, n_tokens)
+        assert served is not None
+        self.rows[key] = Row(n_tokens, served, mbytes)
+        self.used += mbytes
+        self.logical_bytes += n_tokens * self.bpt
+        self.index.insert(namespace, raw, key)
+        for k in served:
+            self.chunks[k].rows.add(key)
+        self._protect(served, now)
+
+    def _absorb(self, key: str, now: float) -> None:
+        """Tail chunks of the same parent that `key` covers go; their rows are served by it."""
+        c = self.chunks.get(key)
+        if c is None:
             return
-        if self.mode == "event" or (self.mode == "pure" and now == self._heap_now):
-            s = chunk.stats
-            heapq.heappush(self._heap, (s.protected, self.policy.priority(s, now), s.seq, key))
-            if len(self._heap) > 4 * len(self.chunks) + 1024:
-                self._rank(now)
+        raw = self.tree.raw
+        for t in [t for t in self.kids.get(c.parent, ()) if t != key and not self.chunks[t].full
+                  and len(raw[t]) < len(raw[key]) and raw[key].startswith(raw[t])]:
+            tail = self.chunks[t]
+            for r in tail.rows:
+                c.rows.add(r)
+                row = self.rows[r]
+                row.served_by = (*row.served_by[:-1], key)
+            tail.rows.clear()
+            self._protect((key,), now)
+            self.collected += 1
+            self._drop_chunk(t, now)
 
-    def _rank(self, now: float) -> None:
-        prio = self.policy.priority
-        self._heap = [(c.stats.protected, prio(c.stats, now), c.stats.seq, k)
-                      for k, c in self.chunks.items() if c.evictable]
-        heapq.heapify(self._heap)
-        self._heap_now = now
+    def _protect(self, keys: tuple[str, ...], now: float) -> None:
+        for k in keys:
+            c = self.chunks.get(k)
+            if c is not None and c.stats.pinned != (self.pinned in c.rows):
+                c.stats.pinned = not c.stats.pinned
+                self.rank.changed(k, now)
 
-    def _evict(self, need: int, now: float) -> None:
-        if self.mode == "pure" and now != self._heap_now:
-            self._rank(now)
-        freed = 0
-        while freed < need:
-            leaf = self._next_victim(now)
-            if leaf is None:
-                return
-            freed += self._drop(leaf, now)
+    # -- leaving -----------------------------------------------------------------------------
+    def _evict(self, key: str, now: float) -> None:
+        c = self.chunks[key]
+        before = self.used
+        self.evictions += 1
+        for name in ("on_evict", "on_remove"):
+            hook = self._hooks[name]
+            if hook is not None:
+                hook(c.stats)
+        self._evicting = key
+        self._drop_chunk(key, now)
+        self._evicting = None
+        self.evicted_bytes += before - self.used
 
-    def _next_victim(self, now: float) -> str | None:
-        if self.mode == "victim":
-            return self._victim_from_policy()
-        if self.mode == "full":
-            return self._victim_by_full_ranking(now)
-        heap, chunks = self._heap, self.chunks
-        while heap:
-            protected, _, seq, key = heapq.heappop(heap)
-            chunk = chunks.get(key)
-            if chunk is None or not chunk.evictable or chunk.stats.seq != seq or chunk.stats.protected != protected:
-                continue   # stale: gone, no longer a leaf, or changed since it was pushed
-            return key
-        return None
+    def _drop_chunk(self, key: str, now: float) -> None:
+        """A chunk goes with what continues it and the rows it serves (`drop_chunk`)."""
+        c = self.chunks.get(key)
+        if c is None:
+            return
+        for child in list(self.kids.get(key, ())):
+            self._drop_chunk(child, now)
+        for r in list(c.rows):
+            self._remove_row(r, now)
+        if key not in self.chunks:
+            return   # removing its rows dropped it as an unnamed tail
+        del self.chunks[key]
+        self.kids.pop(key, None)
+        siblings = self.kids[c.parent]
+        del siblings[key]
+        if not siblings:
+            del self.kids[c.parent]
+        if key != self._evicting and self._hooks["on_remove"] is not None:
+            self._hooks["on_remove"](c.stats)
+        self.used -= c.stats.size_bytes
+        if c.parent is not None and self._leaf(c.parent):
+            self.rank.changed(c.parent, now)
 
-    def _victim_by_full_ranking(self, now: float) -> str | None:
-        prio = self.policy.priority
-        best = min(((c.stats.protected, prio(c.stats, now), c.stats.seq, k)
-                    for k, c in self.chunks.items() if c.evictable), default=None)
-        return None if best is None else best[3]
+    def _remove_row(self, key: str, now: float) -> None:
+        row = self.rows.pop(key)
+        self.index.remove(key)
+        for k in row.served_by:
+            c = self.chunks.get(k)
+            if c is not None:
+                c.rows.discard(key)
+        if self.pinned == key:
+            self.pinned = None
+            self._protect(row.served_by, now)
+        self.used -= row.manifest_bytes
+        self.logical_bytes -= row.n_tokens * self.bpt
+        tail = self.chunks.get(row.served_by[-1])
+        if tail is not None and not tail.full and not tail.rows and self._leaf(row.served_by[-1]):
+            if row.served_by[-1] != self._evicting:
+                self.collected += 1
+            self._drop_chunk(row.served_by[-1], now)
 
-    def _victim_from_policy(self) -> str | None:
-        victim: Callable[[Callable[[str], bool]], str | None] = getattr(self.policy, "victim")  # noqa: B009
-        chunks = self.chunks
+    def _leaf(self, key: str) -> bool:
+        return key not in self.kids
 
-        def blocked(key: str) -> bool:
-            chunk = chunks.get(key)
-            return chunk is None or not chunk.evictable or chunk.pins > 0
+    def _tick(self) -> int:
+        self._seq += 1
+        return self._seq
 
-        def not_a_leaf(key: str) -> bool:
-            chunk = chunks.get(key)
-            return chunk is None or not chunk.evictable
 
-        key = victim(blocked) or victim(not_a_leaf)
-        return key if key is not None and key in chunks and chunks[key].evictable else None
+def common_tokens(a: bytes, b: bytes) -> int:
+    """How many leading token ids (4 bytes each) two token byte strings share."""
+    lo, hi = 0, min(len(a), len(b)) // 4
+    while lo < hi:   # the longest agreeing prefix, by halving (each test one memcmp)
+        mid = (lo + hi + 1) // 2
+        if a[:4 * mid] == b[:4 * mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo

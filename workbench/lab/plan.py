@@ -71,6 +71,7 @@ class Plan:
     finish: list[Row | None]
     footprint_tokens: int                    # tokens of all distinct rows (chunks) the plan may save
     chunks: ChunkTree | None = None          # the chunk model: each row's chain (None: whole rows)
+    prompt_chunks: list[tuple[str, ...]] | None = None   # the chunk model: each prompt's own chain
 
 
 def check_saves(saves: Iterable[str]) -> tuple[str, ...]:
@@ -148,6 +149,8 @@ def build_plan(trace: Trace, *, block_size: int = 16, saves: Iterable[str] = SAV
 
     plan = Plan([], plens, trace.arrival_s.tolist(), [], [], 0)
     chains = None if chunk_size is None else ChunkChains(trace, NAMESPACE, chunk_size)
+    if chains is not None:
+        plan.prompt_chunks = []
     for i, prompt in enumerate(prompts):
         vids: list[int] = []
         cum = [0]
@@ -170,6 +173,8 @@ def build_plan(trace: Trace, *, block_size: int = 16, saves: Iterable[str] = SAV
             for r in (*plan.prefill[i], plan.finish[i]):
                 if r is not None:
                     chains.add_row(r[0], path, prompt, ends, r[2])
+            assert plan.prompt_chunks is not None
+            plan.prompt_chunks.append(chains.chain(path, prompt, ends, plen))
     seen: dict[str, int] = {}
     for i in range(len(prompts)):
         for r in plan.prefill[i]:
@@ -264,6 +269,7 @@ def run_plan(plan: Plan, policy: EvictionPolicy, size_bytes: int, bytes_per_toke
     requests) and each request's (hit kind, prefill saved) when `record`."""
     sim: SimCache | ChunkSimCache = (SimCache(policy, size_bytes) if plan.chunks is None
                                      else ChunkSimCache(policy, size_bytes, plan.chunks, bytes_per_token))
+    chained = plan.prompt_chunks
     ns, bpt = NAMESPACE, bytes_per_token
     exact = partial = misses = saved = matched_total = 0
     timeline: list[tuple[int, float, int, int, int, int, int]] = []
@@ -273,7 +279,9 @@ def run_plan(plan: Plan, policy: EvictionPolicy, size_bytes: int, bytes_per_toke
     n = len(prompts)
     for i in range(n):
         now, plen = arrival[i], plens[i]
-        hit = sim.lookup(ns, prompts[i]) if plen > 1 else None  # the engine skips one-token prompts
+        hit: Any = None  # the engine skips one-token prompts
+        if plen > 1:
+            hit = sim.lookup(ns, prompts[i]) if chained is None else sim.lookup(ns, prompts[i], chained[i])  # type: ignore[call-arg]
         if hit is None:
             matched = 0
             misses += 1
@@ -319,7 +327,7 @@ def run_plan(plan: Plan, policy: EvictionPolicy, size_bytes: int, bytes_per_toke
 
 
 CHUNK_COLUMNS = ("chunks_end", "logical_bytes_end", "shared_bytes_end", "chunks_written", "chunks_reused",
-                 "chunks_collected")
+                 "chunks_collected", "chunk_ties")
 
 
 def _chunk_columns(sim: SimCache | ChunkSimCache) -> dict[str, int]:
@@ -330,4 +338,4 @@ def _chunk_columns(sim: SimCache | ChunkSimCache) -> dict[str, int]:
         return {}
     return {"chunks_end": len(sim.chunks), "logical_bytes_end": sim.logical_bytes,
             "shared_bytes_end": sim.shared_bytes(), "chunks_written": sim.chunks_written,
-            "chunks_reused": sim.chunks_reused, "chunks_collected": sim.collected}
+            "chunks_reused": sim.chunks_reused, "chunks_collected": sim.collected, "chunk_ties": sim.ties}
