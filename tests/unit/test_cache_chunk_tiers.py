@@ -316,3 +316,18 @@ def test_chunked_cache_over_shm_and_disk_tiers_and_the_orders_it_refuses(tmp_pat
             chunked_cache(bad, "lru", 16)
     counters = cache.counters()
     assert {"bytes_ram", "bytes_shm", "bytes_disk", "rows_shm", "rows"} <= set(counters)
+
+
+def test_pinned_and_live_rows_chunks_are_demoted_and_dropped_last(tmp_path):
+    store = shm_disk(tmp_path, shm=5 * CHUNK, disk=6 * CHUNK)
+    pinned = put(store, list(range(8)), pinned=True)                 # the oldest two chunks, pinned
+    live = put(store, list(range(50, 54)))
+    assert store.set_live(live)
+    for base in range(100, 600, 100):                                # five rows of two chunks: shm and disk overflow
+        assert put(store, list(range(base, base + 8))) is not None
+        check_budgets_and_files(store)
+    shm = store.tier("shm")
+    protected = set(store.row_chunks[pinned]) | set(store.row_chunks[live])
+    assert protected <= set(shm.sizes)                               # still in the fast tier
+    assert pinned in store and live in store and store.counters.get("evictions_chunks") > 0
+    assert store.counters.get("demotions_shm") >= 4

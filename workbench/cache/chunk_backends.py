@@ -27,7 +27,7 @@ from workbench.cache.chunk_scan import DirContents, read_dir
 from workbench.cache.store import TMP_MARK, ensure_private_dir, fsync_dir, publish_file, unlink_quietly
 
 
-class ChunkGone(LookupError):
+class ChunkGone(KeyError):
     """The chunk is not (or no longer) where it was read from."""
 
 

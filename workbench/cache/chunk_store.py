@@ -209,7 +209,7 @@ class ChunkStore(ChunkCatalog):
             for k, t in zip(chunk_keys, sources):
                 if k not in got:
                     got[k] = t.backend.read_chunk(k, limit)
-        except (ChunkGone, CorruptRow) as exc:
+        except (ChunkGone, CorruptRow, OSError) as exc:  # OSError: unreadable, as a missing file
             failed = (k, t, exc)
         finally:
             with self.lock:
