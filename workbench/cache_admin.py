@@ -38,8 +38,11 @@ def configure_cache(tiers: Sequence[Mapping[str, Any]], policy: Any = DEFAULT_PO
 
     ``storage``: ``'rows'`` (the default: each row a whole llama.cpp state) or ``'chunks'``
     (each row a manifest over KV chunks of ``chunk_size`` positions, 16..8192, shared by
-    every row with the same prefix; tiers: a RAM tier, one shm or disk tier with its own
-    ``root``, or a RAM tier (the RAM copies' budget) then that directory)."""
+    every row with the same prefix; tiers: at most one of each kind, ``ram``, ``shm``,
+    ``disk`` in that order, each with its budget and policy, shm and disk each with a
+    ``root`` of its own; a RAM tier alone keeps the chunks in memory, above shm or disk it
+    holds copies of their chunks; chunks are demoted and promoted between the tiers one at
+    a time: docs/cache.md, "Chunked storage")."""
     one_of(*shared.STORAGES)("storage", storage, "cache")
     check_int("chunk_size", chunk_size, CHUNK_SIZE_MIN, CHUNK_SIZE_MAX, where="cache")
     if isinstance(tiers, (Mapping, str, bytes)) or not isinstance(tiers, Sequence) or not tiers:
