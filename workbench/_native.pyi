@@ -99,9 +99,15 @@ class Context:
         """One sequence state from chunks that carry keys[0..] in order, positions following
         from 0, one KV layout and exact sizes (n_tokens > 0: only the first n_tokens positions,
         ending inside the last chunk); ValueError ('state_join: <reason>') otherwise."""
-    def state_seq_get_chunks(self, seq: int, keys: list[bytes], chunk_size: int, first: int = 0) -> list[bytes]: ...
-    def state_seq_set_chunks(self, seq: int, pieces: list[bytes], keys: list[bytes], n_tokens: int = 0) -> int:
-        """state_seq_set(seq, state_join(pieces, keys)); nothing restored when the join refuses."""
+    def state_seq_get_chunks(self, seq: int, keys: list[bytes], chunk_size: int, first: int = 0,
+                             scratch: bytearray | None = None) -> list[bytes]:
+        """state_cut(state_seq_get(seq), ...), the state copied out of llama.cpp into
+        ``scratch`` (grown when shorter; kept between calls, its pages stay mapped)."""
+    def state_seq_set_chunks(self, seq: int, pieces: list[bytes], keys: list[bytes], n_tokens: int = 0,
+                             scratch: bytearray | None = None) -> int:
+        """state_seq_set(seq, state_join(pieces, keys)), joined into ``scratch`` (grown when
+        shorter); nothing restored when the join refuses. TypeError: scratch not a bytearray;
+        BufferError: a scratch too short that another view holds."""
 
 class Sampler:
     """A per-request llama.cpp sampler chain: shaping (reasoning budget, grammar, logit_bias,

@@ -265,3 +265,74 @@ def test_damaged_chunks_are_refused_or_join_never_crash(model, tokens):
             ctx.seq_rm(1, -1, -1)
     finally:
         ctx.close()
+
+
+@pytest.mark.parametrize("flash_attn", ["on", "off"])
+def test_a_reused_join_buffer_restores_a_shorter_state_exactly(model, tokens, flash_attn):
+    """A context's cuts and joins go through one buffer as large as the largest state it held
+    (kv_chunks.ScratchBuffers): a shorter state cut or joined after a longer one comes back
+    byte for byte, and warm == cold."""
+    ctx = make_ctx(model, flash_attn)
+    try:
+        prefill(ctx, [0], tokens)
+        keys = chunk_keys(NS, tokens, CHUNK)
+        pieces = kv_chunks.cut(ctx, 0, keys, CHUNK)  # the longest state: the buffer grows to it
+        assert kv_chunks.load(ctx, 1, pieces, keys) == len(ctx.state_seq_get(0))
+        short = tokens[:CHUNK + 40]
+        ctx.seq_rm(0, len(short), -1)
+        state = ctx.state_seq_get(0)
+        short_keys = chunk_keys(NS, short, CHUNK)
+        short_pieces = kv_chunks.cut(ctx, 0, short_keys, CHUNK)
+        assert short_pieces == kv_chunks.cut_state(ctx, state, short_keys, CHUNK)
+        assert short_pieces[0] == pieces[0]
+        assert kv_chunks.join(ctx, short_pieces, short_keys) == state
+        assert kv_chunks.load(ctx, 1, short_pieces, short_keys) == len(state)
+        n = len(short)
+        assert (ctx.seq_pos_min(1), ctx.seq_pos_max(1)) == (0, n - 1)
+        warm = greedy(ctx, 1, n, tokens[n], 8)
+    finally:
+        ctx.close()
+    cold_ctx = make_ctx(model, flash_attn)  # seq 0, trimmed among seq 1's cells, may differ by a near-tie
+    try:
+        prefill(cold_ctx, [0], short)
+        assert warm == greedy(cold_ctx, 0, n, tokens[n], 8)
+    finally:
+        cold_ctx.close()
+
+
+def test_a_bad_scratch_buffer_is_refused_before_llama_cpp(cut_pair):
+    """The native calls take a bytearray scratch (or None): anything else is a TypeError, a
+    bytearray too small to grow (another view holds it) a BufferError, nothing restored."""
+    ctx, (a, ka, pa), _, _ = cut_pair
+    with pytest.raises(TypeError, match="scratch must be a bytearray"):
+        ctx.state_seq_set_chunks(1, pa, ka, 0, b"not a bytearray")
+    held = bytearray(16)
+    view = memoryview(held)
+    with pytest.raises(BufferError):
+        ctx.state_seq_set_chunks(1, pa, ka, 0, held)
+    assert ctx.seq_pos_max(1) == -1
+    view.release()
+    assert ctx.state_seq_set_chunks(1, pa, ka, 0, held) > 0
+    assert len(held) >= len(kv_chunks.join(ctx, pa, ka))
+    assert (ctx.seq_pos_min(1), ctx.seq_pos_max(1)) == (0, len(a) - 1)
+    ctx.seq_rm(1, -1, -1)
+
+
+def test_scratch_buffers_are_lent_to_one_call_at_a_time(model):
+    """Two calls on one context at once never share a buffer; the context's buffer is reused
+    by the next call and goes with the context."""
+    import gc
+
+    buffers = kv_chunks.ScratchBuffers()
+    ctx = make_ctx(model, "off")
+    with buffers.lend(ctx) as a:
+        a.extend(b"x" * 10)
+        with buffers.lend(ctx) as b:
+            assert b is not a and len(b) == 0
+    with buffers.lend(ctx) as again:
+        assert again is a and len(buffers) == 0
+    assert len(buffers) == 1
+    ctx.close()
+    del ctx
+    gc.collect()
+    assert len(buffers) == 0

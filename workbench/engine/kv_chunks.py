@@ -8,22 +8,54 @@ the native layer checked that each chunk carries the expected key, that their po
 follow each other from 0, that they share one KV layout and that each holds exactly the
 bytes its layout says; anything else raises :class:`~workbench.errors.KvChunksRefused` and
 leaves the sequence untouched. The format and its limits: docs/cache.md, "Chunked state".
+
+Both pass the whole state once through a buffer kept per context (``ScratchBuffers``), as
+large as the largest state it has held: writing 47 MB into freshly mapped memory costs its
+page faults, several times the copy itself (docs/cache.md, "Issue 14: what stands, what is
+left", warm restore cost).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import weakref
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
+from ..cache.chunk_store import DEFAULT_CHUNK_SIZE
 from ..cache.keys import Tokens, chunk_keys
 from ..errors import KvChunksRefused
-
-DEFAULT_CHUNK_SIZE = 256
 
 
 def keys_for(namespace_digest: bytes, tokens: Tokens, chunk_size: int = DEFAULT_CHUNK_SIZE) -> list[bytes]:
     """The chunk keys of a row of ``tokens`` (the one definition: ``keys.chunk_keys``)."""
     return chunk_keys(namespace_digest, tokens, chunk_size)
+
+
+class ScratchBuffers:
+    """One bytearray per context, lent to one call at a time: a call that finds it lent out
+    (another thread on the same context) gets a fresh one, so two joins never share memory.
+    It goes with its context."""
+
+    def __init__(self) -> None:
+        self._free: weakref.WeakKeyDictionary[Any, bytearray] = weakref.WeakKeyDictionary()
+
+    @contextmanager
+    def lend(self, ctx: Any) -> Iterator[bytearray]:
+        buf = self._free.pop(ctx, None)
+        if buf is None:
+            buf = bytearray()
+        try:
+            yield buf
+        finally:
+            self._free[ctx] = buf
+
+    def __len__(self) -> int:
+        """Contexts holding a buffer now (not lent out)."""
+        return len(self._free)
+
+
+scratch_buffers = ScratchBuffers()
 
 
 def _refused(exc: ValueError) -> KvChunksRefused:
@@ -35,7 +67,8 @@ def cut(ctx: Any, seq: int, keys: Sequence[bytes], chunk_size: int = DEFAULT_CHU
         first: int = 0) -> list[bytes]:
     """Chunks ``first ..`` of the state of ``seq``, whose chunk keys are ``keys``."""
     try:
-        return list(ctx.state_seq_get_chunks(seq, list(keys), chunk_size, first))
+        with scratch_buffers.lend(ctx) as buf:
+            return list(ctx.state_seq_get_chunks(seq, list(keys), chunk_size, first, buf))
     except ValueError as exc:
         raise _refused(exc) from None
 
@@ -64,6 +97,7 @@ def load(ctx: Any, seq: int, pieces: Sequence[bytes], keys: Sequence[bytes], n_t
     the state, and emptied the sequence). KvChunksRefused, nothing restored, when the chunks do
     not verify or the joined state does not fit this context. ``n_tokens``: as for ``join``."""
     try:
-        return int(ctx.state_seq_set_chunks(seq, list(pieces), list(keys), n_tokens))
+        with scratch_buffers.lend(ctx) as buf:
+            return int(ctx.state_seq_set_chunks(seq, list(pieces), list(keys), n_tokens, buf))
     except ValueError as exc:
         raise _refused(exc) from None
