@@ -44,17 +44,15 @@ class Admission:
 
     def _place(self) -> list[Request]:
         """Queued requests onto sequences, in order; the head waits for one, so does everyone
-        behind it. A cancelled queued request finishes here."""
+        behind it. A cancelled head is not placed: the tick finishes it (loop.py), before and
+        after admission, wherever it is in the queue."""
         placed: list[Request] = []
         pending = self._table.pending
         with self._lock:
             while pending:
                 req = pending[0]
                 if req.cancel_requested:
-                    pending.popleft()
-                    self._table.retire(req, keep_kv=False)
-                    req.finish("cancelled")
-                    continue
+                    break
                 sess = req.session
                 had_kv = sess is not None and sess.seq is not None
                 seq = sess.seq if had_kv else self._pool.take()

@@ -1,4 +1,4 @@
-"""One loaded model: the native model, the parts that run it, and the loop thread.
+"""One loaded model: the native model, the parts that run it, and its public surface.
 
 `Engine` composes (each part in its own module, with its own declared state):
 
@@ -9,13 +9,13 @@
 - ``adapters`` (adapter_ops.AdapterSet), ``saves`` (cache_saves.SavePoints),
   ``admission`` (admission.Admission), ``results`` (results.BatchResults: sampling, events,
   finishing), ``recovery`` (recovery.Recovery), ``timeouts`` (timeouts.Timeouts);
-- ``strategy`` (scheduler: the load option ``batch_strategy``).
+- ``strategy`` (scheduler: the load option ``batch_strategy``);
+- ``loop`` (loop.Loop): the loop thread and its tick, with the command queue
+  (commands.CommandQueue) that runs session commands on it.
 
-Each tick runs queued commands, admits queued requests, finishes cancelled and timed-out ones, then
-three steps: plan the batch (the strategy, its plan checked), run the native decode (GIL
-released, within ``decode_budget_ms``), apply the results (sampling, events, save points).
-Other threads talk to the loop only through the admission queue, the command queue, a
-request's cancel flag, and plain attributes they read without waiting on the loop.
+Everything here may be called from any thread: requests are queued (``submit``), cancels
+flagged, session commands handed to the loop with a bounded wait, facts read without
+waiting on the loop.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ import random
 import threading
 import time
 from collections.abc import Callable, Hashable
-from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -33,8 +32,6 @@ from .. import _native
 from ..cache import HitKind, SaveReason
 from ..errors import (
     ContextOverflow,
-    EngineStopped,
-    InvalidBatchPlan,
     InvalidOption,
     LoadError,
     NoSession,
@@ -48,25 +45,25 @@ from ..models.probe import probe
 from ..options import LoadConfig, RequestOptions, model_params
 from .adapter_ops import AdapterSet, AdapterSlot
 from .admission import Admission
-from .batch import DecodeBatch, build_batch, view_of
-from .events import ModelPhase
 from .cache_saves import SavePoints
+from .commands import COMMAND_TIMEOUT_S
+from .events import ModelPhase
 from .grammars import GrammarCache
-from .naming import describe, model_facts, model_id_for  # noqa: F401 - registry takes model_id_for from here
+from .loop import Loop, LoopParts
+from .naming import model_facts, model_id_for  # noqa: F401 - registry takes model_id_for from here
 from .prefix_cache import EngineCache
 from .recovery import Recovery
 from .request import Request, next_ref
 from .request_setup import logit_bias_ids, reasoning_budget, special_ids
 from .request_table import RequestTable
 from .results import BatchResults
-from .scheduler import BatchPlan, Budget, plan_problem, strategy_for, strategy_name
+from .scheduler import Budget, strategy_for
 from .seq_pool import SeqPool
 from .session_commands import COUNTER_NAMES as SESSION_COUNTERS, SessionCommands
 from .speculation import COUNTER_NAMES as SPEC_COUNTERS, Speculation, check_speculative
-from .sessions import SessionTable, common_prefix
+from .sessions import Session, SessionTable, common_prefix
 from .timeouts import COUNTER_NAMES as TIMEOUT_COUNTERS, Timeouts
 
-COMMAND_TIMEOUT_S = 5.0
 COUNTER_NAMES = ("decode_calls", "decoded_tokens", "decode_aborted", "decode_timeouts", "finished_stop",
                  "finished_length", "finished_cancelled", *(kind.counter for kind in HitKind),
                  "sessions_reclaimed", "sessions_reset", "cache_restore_failed", "cache_seq_not_cleared",
@@ -91,7 +88,6 @@ class Engine:
         self.ctx_params = ctx_params
         self.fingerprint = fingerprint(path)
         self.loaded_at = time.time()
-        self.last_active = time.monotonic()
         self.counters: collections.Counter[str] = collections.Counter(dict.fromkeys(COUNTER_NAMES, 0))
         self.grammars = GrammarCache(native_model)
         self._attachments: dict[str, Closable] = {}
@@ -102,14 +98,10 @@ class Engine:
         self.chunk: int | None = max(64, n_batch // 4) if chunk == -1 else chunk
         self.budget = Budget(n_batch, self.chunk)
         self.strategy = strategy_for(cfg.batch_strategy)
-        # written by the loop, read anywhere
-        self.phase: ModelPhase = "idle"
-        self._commands: collections.deque[tuple[Callable[[], Any], Future]] = collections.deque()
-        self._stopping = False
-        self._stopped_why = "is being unloaded"   # or why the loop died
-        self._in_decode: set[int] = set()
-        self._thread = threading.Thread(target=self._run, name=f"workbench-loop-{self.model_id}", daemon=True)
-        self._thread.start()
+        parts = LoopParts(self.pool, self.table, self.adapters, self.admission, self.results,
+                          self.speculation, self.recovery, self.timeouts)
+        self.loop = Loop(model_id, parts, self.strategy, self.budget, cfg.decode_budget_ms, self.counters, self._cv)
+        self.loop.start()
 
     def _compose(self) -> None:
         cfg, counters, lock = self.cfg, self.counters, self._cv
@@ -176,6 +168,15 @@ class Engine:
     def last_hit(self) -> dict[str, Any] | None:
         return self.admission.last_hit
 
+    @property
+    def phase(self) -> ModelPhase:
+        return self.loop.phase
+
+    @property
+    def last_active(self) -> float:
+        """time.monotonic() of the loop's latest tick (or of the load)."""
+        return self.loop.last_active
+
     def submit(self, prompt: list[int], opts: RequestOptions, *, continue_session: bool = False,
                expect_committed: list[int] | None = None, sync_saves: bool = False,
                verify_from: int | None = None, draft: Engine | None = None) -> Request:
@@ -186,35 +187,48 @@ class Engine:
         grammar = self.grammars.for_request(opts.grammar, opts.json_schema, opts.grammar_root)
         seed = opts.seed if opts.seed is not None else random.randrange(2**32 - 1)
         with self._cv:
-            if self._stopping:
-                raise EngineStopped(f"model {self.model_id!r} {self._stopped_why}")
-            sid = opts.session_id
-            sess = self.sessions.get(sid, opts.cache_scope) if sid is not None else None
-            if sess is not None and sess.busy_ref is not None:
-                raise SessionBusy(sid, sess.busy_ref)
+            self.loop.refuse_if_stopped()
+            sess = self._session_for(opts, continue_session, expect_committed)
             if continue_session:
-                if sess is None:
-                    raise NoSession(sid)
-                if expect_committed is not None and list(expect_committed) != sess.tokens:
-                    raise TranscriptMismatch(len(sess.tokens), len(expect_committed),
-                                             common_prefix(sess.tokens, list(expect_committed)))
+                assert sess is not None
                 prompt = sess.tokens + list(prompt)
             self._check_room(prompt, opts, needs_seq=sess is None or sess.seq is None)
             req = Request(ref=next_ref(), model_id=self.model_id, prompt=list(prompt), opts=opts, seed=seed)
-            req.grammar = grammar
-            req.continues = continue_session
-            req.reasoning_budget = reasoning_budget(self.model, opts, req.prompt)
-            req.special = special_ids(self.model, opts.render_special)
-            req.logit_bias = logit_bias_ids(self.model, opts)
-            req.sync_saves = sync_saves
-            req.verify_from = req.out_from = verify_from
-            req.draft_engine = draft
-            if sid is not None:
-                req.session = self.sessions.get_or_create(sid, opts.cache_scope)
+            self._prepare(req, grammar, continue_session, sync_saves, verify_from, draft)
+            if opts.session_id is not None:
+                req.session = self.sessions.get_or_create(opts.session_id, opts.cache_scope)
                 req.session.busy_ref = req.ref
             self.table.add(req)
             self._cv.notify()
         return req
+
+    def _session_for(self, opts: RequestOptions, continue_session: bool,
+                     expect_committed: list[int] | None) -> Session | None:
+        """The request's existing session (None: none yet, or no session_id), checked: not
+        busy; for ``continue_session``, present and holding ``expect_committed`` if given."""
+        sid = opts.session_id
+        sess = self.sessions.get(sid, opts.cache_scope) if sid is not None else None
+        if sess is not None and sess.busy_ref is not None:
+            raise SessionBusy(sid, sess.busy_ref)
+        if continue_session:
+            if sess is None:
+                raise NoSession(sid)
+            if expect_committed is not None and list(expect_committed) != sess.tokens:
+                raise TranscriptMismatch(len(sess.tokens), len(expect_committed),
+                                         common_prefix(sess.tokens, list(expect_committed)))
+        return sess
+
+    def _prepare(self, req: Request, grammar: Any, continue_session: bool, sync_saves: bool,
+                 verify_from: int | None, draft: Engine | None) -> None:
+        """What the loop needs of a new request beyond its prompt and options."""
+        req.grammar = grammar
+        req.continues = continue_session
+        req.reasoning_budget = reasoning_budget(self.model, req.opts, req.prompt)
+        req.special = special_ids(self.model, req.opts.render_special)
+        req.logit_bias = logit_bias_ids(self.model, req.opts)
+        req.sync_saves = sync_saves
+        req.verify_from = req.out_from = verify_from
+        req.draft_engine = draft
 
     def _check_room(self, prompt: list[int], opts: RequestOptions, needs_seq: bool) -> None:
         """The prompt fits the context, and (without a pinned sequence) there is a sequence
@@ -232,14 +246,12 @@ class Engine:
                 raise QueueFull(self.model_id, self.cfg.max_queue)
 
     def cancel(self, req: Request) -> None:
-        """Idempotent; observed at the next token boundary (a long prefill is interrupted)."""
+        """Idempotent; observed at the next token boundary (a long prefill is interrupted;
+        a queued request leaves the queue at the next tick)."""
         if req.phase == "done":
             return
         req.cancel_requested = True
-        with self._cv:
-            if req.ref in self._in_decode and req.phase == "prefilling":
-                self.ctx.request_abort()
-            self._cv.notify()
+        self.loop.cancelled(req)
 
     def queue_depth(self) -> int:
         """Requests running on a sequence now."""
@@ -264,17 +276,18 @@ class Engine:
         return self.adapters.listed()
 
     def end_session(self, session_id: Hashable, scope: str) -> None:
-        self._call(lambda: self.session_commands.end(session_id, scope))
+        self.loop.call(lambda: self.session_commands.end(session_id, scope))
 
     def reset_session(self, session_id: Hashable, scope: str) -> str:
         """Force-drop a session (its in-flight request ends with SessionReset)."""
-        return self._call(lambda: self.session_commands.reset(session_id, scope), interrupt=True)
+        return self.loop.call(lambda: self.session_commands.reset(session_id, scope), interrupt=True)
 
     def evict(self, reason: SaveReason = SaveReason.EVICT) -> int:
         """Save every idle session's live KV to the prefix cache and release its sequence;
         bounded by evict_save_timeout_ms; returns the rows saved."""
         budget_s = self.cfg.evict_save_timeout_ms / 1000
-        return self._call(lambda: self.session_commands.evict(reason, budget_s), timeout=budget_s + COMMAND_TIMEOUT_S)
+        return self.loop.call(lambda: self.session_commands.evict(reason, budget_s),
+                              timeout=budget_s + COMMAND_TIMEOUT_S)
 
     def session_info(self, scope: str | None = None) -> list[dict[str, Any]]:
         """Every session, or those of one cache scope."""
@@ -286,8 +299,7 @@ class Engine:
         embedding contexts): made on first use, owned by this engine, closed when it stops
         and before the model is freed (no module keeps per-model state)."""
         with self._cv:
-            if self._stopping:
-                raise EngineStopped(f"model {self.model_id!r} {self._stopped_why}")
+            self.loop.refuse_if_stopped()
             obj = self._attachments.get(name)
             if obj is None:
                 obj = self._attachments[name] = make()
@@ -295,143 +307,10 @@ class Engine:
 
     def stop(self) -> None:
         """Stop the loop, fail what is queued or running, free native memory."""
-        with self._cv:
-            self._stopping = True
-            self.ctx.request_abort()
-            self._cv.notify()
-        self._thread.join()
+        self.loop.stop()
         for obj in self._attachments.values():
             obj.close()
         self._attachments.clear()
         self.session_commands.forget_all()
         self.pool.close()
         self.model.close()
-
-    def _call(self, fn: Callable[[], Any], interrupt: bool = False, timeout: float = COMMAND_TIMEOUT_S) -> Any:
-        """Run fn on the loop thread between ticks; bounded wait (the loop may be wedged)."""
-        fut: Future = Future()
-        with self._cv:
-            if self._stopping:
-                raise EngineStopped(f"model {self.model_id!r} {self._stopped_why}")
-            self._commands.append((fn, fut))
-            if interrupt and self._in_decode:
-                self.ctx.request_abort()
-            self._cv.notify()
-        try:
-            return fut.result(timeout)
-        except TimeoutError:
-            raise TimeoutError(f"model {self.model_id!r}: the loop did not answer within "
-                               f"{timeout:.0f} s") from None
-
-    # --- the loop ----------------------------------------------------------------------
-    def _run(self) -> None:
-        try:
-            while True:
-                with self._cv:
-                    while not (self._stopping or self.table.pending or self.table.active or self._commands):
-                        self.phase = "idle"
-                        self._cv.wait()
-                    if self._stopping:
-                        break
-                self._tick()
-        except BaseException as e:  # never let the loop die silently: fail everyone, refuse the rest
-            with self._cv:
-                self._stopping = True
-                self._stopped_why = f"stopped: its loop failed ({type(e).__name__}: {e}); unload and load it again"
-            self._fail_all(EngineStopped(f"model {self.model_id!r} {self._stopped_why}"))
-            raise
-        self._fail_all(EngineStopped(f"model {self.model_id!r} was unloaded"))
-
-    def _fail_all(self, reason: BaseException) -> None:
-        for req in self.table.take_all():
-            self.table.fail(req, reason)
-        with self._cv:
-            commands = list(self._commands)
-            self._commands.clear()
-        for _, fut in commands:
-            fut.set_exception(EngineStopped(f"model {self.model_id!r} was unloaded"))
-        self.phase = "idle"
-
-    def _tick(self) -> None:
-        self.last_active = time.monotonic()
-        self._run_commands()
-        self._admit()
-        for req in [r for r in self.table.active if r.cancel_requested]:
-            self.results.finish(req, "cancelled")
-        self.timeouts.check()
-        batch = self._plan()
-        if batch is None:
-            return
-        rc = self._decode(batch)
-        if rc != 0:
-            self.recovery.decode_failed(rc, batch)
-            return
-        self.results.apply(batch)
-        if batch.verifies:
-            self.speculation.apply(batch)
-
-    def _run_commands(self) -> None:
-        while True:
-            with self._cv:
-                if not self._commands:
-                    return
-                fn, fut = self._commands.popleft()
-            try:
-                fut.set_result(fn())
-            except Exception as e:  # noqa: BLE001 - the command's error is its caller's
-                fut.set_exception(e)
-
-    def _admit(self) -> None:
-        if self.adapters.change_waiting:
-            if self.table.active:
-                return  # hold admissions until the requests admitted under the old set end
-            self.adapters.apply()
-        self.admission.admit()
-
-    # --- step 1: plan ----------------------------------------------------------------------
-    def _plan(self) -> DecodeBatch | None:
-        """The strategy's plan for the running requests, checked, as native rows. A plan
-        that cannot run fails the running requests (the loop goes on)."""
-        active = self.table.active
-        if not active:
-            return None
-        self.speculation.attach_drafts(active)
-        views = [view_of(r) for r in active]
-        try:
-            plan = self.strategy.plan(views, self.budget)
-            if isinstance(plan, BatchPlan) and isinstance(plan.takes, (list, tuple)):
-                plan = BatchPlan(list(plan.takes))  # a snapshot: what is checked is what runs
-            problem = plan_problem(plan, views, self.budget)
-        except Exception as e:  # noqa: BLE001 - a user's strategy: its error fails the requests, not the loop
-            problem = f"plan() raised {describe(e)}"
-        if problem is not None:
-            self._bad_plan(problem)
-            return None
-        batch = build_batch(plan, {r.ref: r for r in active})
-        self.phase = "prefilling" if any(r.phase == "prefilling" for r in active) else "generating"
-        return batch
-
-    def _bad_plan(self, problem: str) -> None:
-        self.counters["bad_batch_plans"] += 1
-        err = InvalidBatchPlan(strategy_name(self.strategy), problem)
-        for req in list(self.table.active):
-            self.table.fail(req, err)
-
-    # --- step 2: decode ----------------------------------------------------------------------
-    def _decode(self, batch: DecodeBatch) -> int:
-        """One native decode (GIL released, within decode_budget_ms); llama_decode's code."""
-        now = time.perf_counter()
-        for s in batch.slices:
-            if s.request.phase == "prefilling" and s.request.prefill_started_at is None:
-                s.request.prefill_started_at = now
-        with self._cv:
-            self._in_decode = {s.request.ref for s in batch.slices}
-            self.ctx.clear_abort()
-        rc = self.ctx.decode(batch.tokens, batch.pos, batch.seq, batch.logits, float(self.cfg.decode_budget_ms))
-        batch.decode_s = time.perf_counter() - now
-        with self._cv:
-            self._in_decode = set()
-        self.counters["decode_calls"] += 1
-        if rc == 0:
-            self.counters["decoded_tokens"] += len(batch)
-        return rc

@@ -35,6 +35,15 @@ class RequestTable:
             if req in self.pending:
                 self.pending.remove(req)
 
+    def take_cancelled(self) -> list[Request]:
+        """Every request flagged cancelled: queued ones (anywhere in the queue) leave it,
+        running ones stay active until they are retired."""
+        with self._lock:
+            queued = [r for r in self.pending if r.cancel_requested]
+            for req in queued:
+                self.pending.remove(req)
+            return queued + [r for r in self.active if r.cancel_requested]
+
     def take_all(self) -> list[Request]:
         """Everything queued or running (the engine is stopping), queue emptied."""
         with self._lock:
