@@ -86,6 +86,8 @@ def confident(tokens: list[int], logprobs: list[float], p_min: float) -> list[in
 class ModelDrafter:
     """One target request's drafts from a draft model's engine, asynchronously."""
 
+    cheap = False              # a draft costs the draft engine a request: none is asked for unverified
+
     def __init__(self, engine: Any, opts: SpeculativeOptions, name: str) -> None:
         self.engine, self.opts, self.session = engine, opts, name
         self.kind = f"draft:{engine.model_id}"

@@ -64,6 +64,7 @@ PRIOR_COUNT = 1.0     # accepted and rejecting positions counted before any is s
 INITIAL_SLACK = 1.0   # plain steps' time exploring may lose before it has earned any
 BUDGET = 0.015        # of a plain step's time, earned per plain step (under MIN_GAIN - 1)
 MAX_SLACK = 16.0      # plain steps: what good steps bank for exploring is bounded
+SHADOW = 2            # while off, a cheap drafter's draft of this many is checked against the reply
 SPAN = 2              # the line is known once two lengths, one SPAN times the other, are measured
 
 
@@ -125,6 +126,8 @@ class SpecPolicy:
         self.explored = 0                      # verified drafts whose length was exploring
         self._exploring = False
         self._cap = 1                          # the last cap asked with: what a probe may be
+        self.shadows = 0                       # unverified drafts checked against the reply
+        self._shadowed = False                 # one was, while off, since the last decision
 
     # --- the decision ------------------------------------------------------------------------
     def next_length(self, cap: int) -> int:
@@ -150,6 +153,10 @@ class SpecPolicy:
         return max(best, explore)
 
     def _while_off(self, cap: int) -> int:
+        if self._shadowed:
+            self._shadowed = False
+            if k := self._shadow_switch(cap):
+                return k
         if self._off_left > 0 or (not self._probed and self.slack < self._probe_loss()):
             self._off_left = max(0, self._off_left - 1)
             self.off_steps += 1
@@ -167,15 +174,34 @@ class SpecPolicy:
         self._go_off()
         return 0
 
+    def _shadow_switch(self, cap: int) -> int:
+        """Back on at once when the drafts checked against the reply say a draft pays, and
+        its expected loss at the acceptance they showed fits the slack; else 0."""
+        k = self.best_length(cap)
+        if k == 0 or self.slack < self._loss(k) - expected_accepted(self._evidence(), k):
+            return 0
+        self.on, self._backoff, self._off_left = True, FIRST_BACKOFF, 0
+        self._probing = self._probed = False
+        self.switched["on"] += 1
+        return k
+
+    def shadow_length(self, cap: int) -> int:
+        """How long a draft this plain step should ask a cheap drafter for anyway, to check
+        against the tokens the target emits (``observe_shadow``): SHADOW while off, else 0."""
+        return min(cap, SHADOW) if self.adaptive and not self.on else 0
+
     def _switch_off(self) -> None:
         self.on = False
         self.switched["off"] += 1
         self._go_off()
 
     def _go_off(self) -> None:
-        """Plain steps until the next probe: the backoff, or more where a probe is dear."""
-        probe = self._probe_loss()
-        self._off_left = max(self._backoff, min(MAX_BACKOFF, math.ceil(probe / PROBE_BUDGET))) - 1
+        """Plain steps until the next probe: the backoff, or more where a probe is dear and
+        the slack does not cover it yet (savings banked by good drafts pay for it)."""
+        probe, wait = self._probe_loss(), self._backoff
+        if self.slack < probe:
+            wait = max(wait, min(MAX_BACKOFF, math.ceil(probe / PROBE_BUDGET)))
+        self._off_left = wait - 1
         self.off_steps += 1
 
     def probe_length(self, cap: int) -> int:
@@ -185,9 +211,13 @@ class SpecPolicy:
 
     def _probe_loss(self) -> float:
         """A probe's cost over a plain step, in plain steps: it waits until the slack has it."""
+        return self._loss(self.probe_length(self._cap))
+
+    def _loss(self, k: int) -> float:
+        """What a draft of k costs over a plain step were it all rejected, in plain steps."""
         plain = max(self.plain_s or 0.0, 1e-9)
         step, row = self.verify_cost(plain)
-        return (step + self.probe_length(self._cap) * (row + (self.draft_tok_s or 0.0))) / plain
+        return (step + k * (row + (self.draft_tok_s or 0.0))) / plain
 
     def _least_extra(self, plain: float) -> dict[int, float]:
         """The least time over a plain step seen at each verified length."""
@@ -295,6 +325,19 @@ class SpecPolicy:
             self._probing, self._probed = False, True
             self._scale_counts(PROBE_FORGET)
             self.probes += 1
+        self._count(drafted, accepted)
+
+    def observe_shadow(self, drafted: int, accepted: int) -> None:
+        """A draft of ``drafted`` asked for on a plain step and not verified: ``accepted`` of
+        it matched what the target then emitted. Acceptance evidence at no verify cost;
+        while off, the next step decides on it."""
+        if not self.adaptive or drafted == 0:
+            return
+        self._count(drafted, accepted)
+        self.shadows += 1
+        self._shadowed = not self.on
+
+    def _count(self, drafted: int, accepted: int) -> None:
         self._scale_counts(DECAY)
         self._hits += accepted
         self._misses += 1.0 if accepted < drafted else 0.0
@@ -328,6 +371,7 @@ class SpecPolicy:
             "adaptive": self.adaptive,
             "decisions": {"off": self.switched["off"], "on": self.switched["on"], "probes": self.probes},
             "explored": self.explored,
+            "shadows": self.shadows,
             "off_steps": self.off_steps,
             "plain_steps": self.plain_steps,
             "plain_step_s": self.plain_s,

@@ -106,6 +106,8 @@ def make_state(req: Request, model: Any) -> SpecState:
 class NgramDrafter:
     """A request's llama.cpp n-gram drafter (one sequence) and its numbers."""
 
+    cheap = True               # microseconds a draft: one may be asked for and checked unverified
+
     def __init__(self, model: Any, opts: SpeculativeOptions, prompt: list[int]) -> None:
         assert opts.ngram is not None
         kind = NGRAM_KINDS[opts.ngram]
@@ -137,23 +139,57 @@ class SpecState:
     policy: SpecPolicy
     asked: int = 0                  # draft tokens asked for this step
     step_draft_s: float = 0.0       # this step's time in the drafter
+    shadow: tuple[int, list[int]] | None = None   # an unverified draft: (tokens it follows, its tokens)
 
     def draft(self, history: list[int], last: int, pos: int, cap: int) -> list[int]:
-        """Up to the policy's length (0: none asked for); a draft under n_min is none."""
+        """Up to the policy's length (0: none asked for); a draft under n_min is none. On a
+        plain step a cheap drafter may be asked for a shadow draft, checked later against
+        what the target emits (``policy.observe_shadow``) and never verified."""
+        emitted = history + [last] if self.shadow is not None else []
+        if self.shadow is not None:
+            self._settle(emitted, final=False)
         self.asked, self.step_draft_s = self.policy.next_length(cap), 0.0
-        if self.asked == 0:
+        if self.shadow is not None and self.asked:
+            self._settle(emitted, final=True)
+        n = self.asked or (self.policy.shadow_length(cap) if self.drafter.cheap and self.shadow is None else 0)
+        if n == 0:
             return []
         t0 = time.perf_counter()
-        tokens = self.drafter.draft(history, last, pos, self.asked)
+        tokens = self.drafter.draft(history, last, pos, n)
         self.step_draft_s = time.perf_counter() - t0
         self.numbers.draft_s += self.step_draft_s
+        if not self.asked:
+            self.shadow = (len(history) + 1, tokens) if tokens else None
+            return []
         return tokens if len(tokens) >= self.policy.n_min else []
+
+    def _settle(self, emitted: list[int], final: bool) -> None:
+        """Tell the policy how much of the shadow draft the reply matched, once it has left
+        the draft or passed its end (``final``: now, with what the reply has reached)."""
+        assert self.shadow is not None
+        start, tokens = self.shadow
+        seen, matched = shadow_match(emitted, start, tokens)
+        if not final and matched == seen < len(tokens):
+            return
+        self.policy.observe_shadow(seen, matched)
+        self.drafter.accepted(matched)
+        self.shadow = None
 
     def close(self) -> None:
         self.drafter.close()
 
     def summary(self) -> dict[str, Any]:
         return self.numbers.summary() | self.policy.summary() | self.drafter.summary()
+
+
+def shadow_match(emitted: list[int], start: int, tokens: list[int]) -> tuple[int, int]:
+    """(seen, matched): how many of a draft for the tokens after ``emitted[:start]`` the
+    reply has reached, and how many of those it matched in a row."""
+    seen = min(len(tokens), max(0, len(emitted) - start))
+    matched = 0
+    while matched < seen and emitted[start + matched] == tokens[matched]:
+        matched += 1
+    return seen, matched
 
 
 def own_time(batch: DecodeBatch) -> bool:
