@@ -252,19 +252,43 @@ def test_wb_cluster_commands(cluster, monkeypatch):
     assert len(shell.run_cell("%wb cluster decisions --last 2").result) == min(2, len(cluster.routing.log))
     bad = shell.run_cell("%wb cluster router fastest")
     assert not bad.success and "'router'" in str(bad.error_in_exec) and "fastest" in str(bad.error_in_exec)
+    bad = shell.run_cell("%wb cluster sync sometimes")
+    assert not bad.success and "'cache_sync'" in str(bad.error_in_exec) and "sometimes" in str(bad.error_in_exec)
+    assert shell.run_cell("%wb cluster sync auto").success
+    assert cluster.replicas()["cache_sync"].eq("auto").all()
     again = shell.run_cell("%wb cluster start")
     assert not again.success and "already running" in str(again.error_in_exec)
     assert shell.run_cell("%wb cluster router cache_affinity").success
 
 
+def decoded_tokens(cluster) -> dict[str, int]:
+    return {m.name: cluster.call_replica(m, "counters", (), {})["decoded_tokens"] for m in cluster.members}
+
+
 def test_speculation_across_replicas_gives_the_verifiers_greedy_reply(cluster, scope):
-    plain = cluster.complete("Once upon a time", response_tokens=16, cache_scope=scope)
-    spec = cluster.speculate("Once upon a time", response_tokens=16, n_draft=4, draft_replica=0, verify_replica=1)
-    assert spec.tokens == plain.tokens and spec.reply == plain.reply
-    assert (spec.draft_replica, spec.verify_replica) == ("replica-0", "replica-1")
-    # the same model drafts: every drafted token is the verifier's argmax; 4 + its own next
-    # token per round, the last round drafts the one token left
-    assert (spec.rounds, spec.drafted, spec.accepted) == (4, 13, 13)
+    prompt = prefix(11, 200)
+    plain = cluster.complete(prompt, response_tokens=16, cache_scope=scope, cache=False)
+    runs = {}
+    for sessions in (False, True):
+        before = decoded_tokens(cluster)
+        spec = cluster.speculate(prompt, response_tokens=16, n_draft=4, draft_replica=0, verify_replica=1,
+                                 sessions=sessions)
+        after = decoded_tokens(cluster)
+        runs[sessions] = spec, {name: after[name] - before[name] for name in after}
+        assert spec.tokens == plain.tokens and spec.reply == plain.reply
+        assert (spec.draft_replica, spec.verify_replica) == ("replica-0", "replica-1")
+        # the same model drafts: every drafted token is the verifier's argmax; 4 + its own
+        # next token per round, the last round drafts the one token left
+        assert (spec.rounds, spec.drafted, spec.accepted) == (4, 13, 13)
+    (stateless, work_before), (fast, work_after) = runs[False], runs[True]
+    # the primitives keep no KV: each round prefills the whole context (200, 205, ...) on both sides
+    assert stateless.draft_prefilled == (200, 205, 210, 215) and stateless.verify_prefilled == (204, 209, 214, 216)
+    # a session on each side: after the first round, the drafter prefills the verifier's token
+    # and its own last draft, the verifier its token and the new drafts
+    assert fast.draft_prefilled == (200, 2, 2, 2) and fast.verify_prefilled == (204, 5, 5, 2)
+    for name in work_after:  # what each replica's engine decoded (prefill and generation)
+        assert work_after[name] < 0.4 * work_before[name]
+    assert not [s for s in cluster.sessions() if str(s.get("session_id", "")).startswith("speculate-")]
 
 
 def test_prefill_only_stores_its_row_on_the_replica_it_was_routed_to(cluster, scope):
@@ -360,7 +384,8 @@ def test_a_replica_killed_mid_stream_ends_the_stream_with_an_error_naming_it(clu
         if sum(isinstance(e, TokenId) for e in events) == 3:
             ray.kill(cluster.actor(victim), no_restart=False)
     assert isinstance(events[-1], Error) and isinstance(events[-1].reason, ReplicaDown)
-    assert events[-1].reason.replica == victim and "mid-stream after 3 tokens" in str(events[-1].reason)
+    delivered = sum(isinstance(e, TokenId) for e in events)  # 3, or more already on their way when killed
+    assert events[-1].reason.replica == victim and f"mid-stream after {delivered} tokens" in str(events[-1].reason)
     other = cluster.complete("Hello", response_tokens=2, cache_scope=scope)
     assert other.model != victim  # the router skips the down replica
     with pytest.raises(SessionLost) as e:

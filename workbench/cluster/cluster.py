@@ -179,7 +179,8 @@ class Cluster:
                 m.actor.cancel.remote(ref)
 
     def speculate(self, prompt: str | Sequence[int], **opts: Any) -> Any:
-        """Greedy generation verified on one replica from another's drafts (speculate.py)."""
+        """Greedy generation verified on one replica from another's drafts, a session kept
+        on each side unless ``sessions=False`` (speculate.py)."""
         from .speculate import speculate
 
         return speculate(self, prompt, **opts)

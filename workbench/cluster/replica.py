@@ -33,6 +33,7 @@ PER_MODEL_CALLS = ("cached_prefix_len", "detokenize", "draft_tokens", "embed", "
 PROCESS_CALLS = ("cache_info", "counters", "requests", "wait_for_saves")
 STREAM_CALLS = ("stream", "continue_session", "chat_stream")
 CACHE_SYNCS = ("auto", "manual")
+SPECULATION_CALLS = ("draft_in_session", "verify_in_session")  # speculate.py's session form
 
 
 class Replica:
@@ -102,6 +103,10 @@ class Replica:
                 return "ok", self.reset_cache()
             if name == "set_cache_sync":
                 return "ok", self.set_cache_sync(*args)
+            if name in SPECULATION_CALLS:
+                from . import speculate
+
+                return "ok", getattr(speculate, name)(self.model, *args, **kwargs)
             raise InvalidOption("call", name, "a call a replica serves")
         except Exception as e:
             return "error", pack_error(e)

@@ -1,7 +1,10 @@
 """`%wb cluster ...`: start, look at and stop a cluster of replicas (workbench.cluster).
 
     %wb cluster start [--replicas N] [--router NAME] [--threads N] [--n-ctx N] [--n-seq-max N]
-    %wb cluster status | decisions [--last N] | plot | router NAME | sync | stop
+    %wb cluster status | decisions [--last N] | plot | router NAME | sync [auto|manual] | stop
+
+``sync`` alone makes every replica adopt the rows the others published to the shared
+tiers now; ``sync auto`` / ``sync manual`` sets the cluster's cache_sync (docs/cluster.md).
 
 The commands work on the cluster started last in this kernel (``wb.cluster.current()``);
 requests go through its Python handle (``c = wb.cluster.current(); c.complete(...)``).
@@ -22,7 +25,7 @@ ACTIONS = ("start", "status", "decisions", "plot", "router", "sync", "stop")
 
 @magic_arguments(name="wb cluster")
 @argument("action", choices=ACTIONS, help="what to do")
-@argument("value", nargs="?", metavar="NAME", help="the router, for 'router'")
+@argument("value", nargs="?", metavar="NAME", help="the router, for 'router'; auto or manual, for 'sync'")
 @argument("--replicas", type=int, default=2, metavar="N", help="replicas to start (start)")
 @argument("--router", default="cache_affinity", metavar="NAME", help="router (start)")
 @argument("--threads", type=int, default=1, metavar="N", help="threads per replica (start)")
@@ -54,7 +57,12 @@ def cluster_command(m: WorkbenchMagics, args: Any) -> Any:
         print(f"routing with {args.value!r}")
         return None
     if args.action == "sync":
-        return c.sync_cache()
+        if args.value is None:
+            return c.sync_cache()
+        with usage_errors():
+            c.set_cache_sync(args.value)
+        print(f"cache_sync {args.value!r}")
+        return None
     c.shutdown()
     print("cluster stopped")
     return None
