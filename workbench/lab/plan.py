@@ -1,7 +1,8 @@
 """What each request of a trace looks up and saves, and replaying that through one cache.
 
 The save rules mirror the engine (`Admission`, `SavePoints.plan` and `SavePoints.at_finish`). For a
-prompt of n tokens, `matched` being the longest cached row that is a token prefix of it:
+prompt of n tokens, `matched` being the longest cached prefix of it (whole rows: the longest
+row that is a token prefix; chunks: that, or a chain of chunks, chunksim.py):
 
     lookup      none for a one-token prompt (nothing could be reused): it is cold
     hit kind    exact when matched >= n - 1 (everything but the last prompt token, which is
