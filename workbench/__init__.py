@@ -16,8 +16,8 @@ from .api import chat, chat_stream, embed, embed_batch, render_chat_template
 from .chat import ChatDone, ChatResult, ChatStream, RenderedChat
 from .engine.events import Thinking, ThinkingEnd
 from .chat.raw_thinking import ThinkingResult
-from .api import (cached_prefix_len, evict, list_adapters, load_adapter, prefill_only, set_adapter_scale, shutdown,
-                  unload_adapter)
+from .api import (cached_prefix, cached_prefix_len, evict, list_adapters, load_adapter, prefill_only,
+                  set_adapter_scale, shutdown, unload_adapter)
 from .cache_admin import (add_tier, cache_chunks, cache_info, cache_rows, configure_cache, evict_bytes, list_tiers,
                           pin_row, remove_tier, unpin_row, wait_for_saves)
 from .engine.stream import Stream
@@ -38,8 +38,9 @@ __all__ = [
     "ChatDone", "ChatResult", "ChatStream", "RenderedChat", "Thinking", "ThinkingEnd", "ThinkingResult", "chat",
     "chat_stream",
     "embed", "embed_batch", "render_chat_template",
-    "add_tier", "cache_chunks", "cache_info", "cache_rows", "cached_prefix_len", "configure_cache", "evict",
-    "evict_bytes", "list_tiers", "pin_row", "prefill_only", "remove_tier", "shutdown", "unpin_row", "wait_for_saves",
+    "add_tier", "cache_chunks", "cache_info", "cache_rows", "cached_prefix", "cached_prefix_len", "configure_cache",
+    "evict", "evict_bytes", "list_tiers", "pin_row", "prefill_only", "remove_tier", "shutdown", "unpin_row",
+    "wait_for_saves",
     "pressure", "pressure_sources", "start_pressure_monitor", "stop_pressure_monitor",
     "list_adapters", "load_adapter", "set_adapter_scale", "unload_adapter",
     "draft_tokens", "verify",

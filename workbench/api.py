@@ -16,6 +16,7 @@ from . import registry
 from .cache.shared import shared_cache
 from .engine.engine import Engine
 from .engine.events import CompletionResult
+from .engine.prefix_cache import CachedPrefix
 from .engine.stream import Stream
 from .engine.tokens import tokenize_within
 from . import generation
@@ -24,7 +25,7 @@ from . import _native
 from .errors import (EmptyPrompt, InvalidOption, ModelFileError, UnknownOption,
                      UnknownRequest)
 from .models import check_model_file, fetch_default_model
-from .cache import SaveReason
+from .cache import HitKind, SaveReason
 from .options import (LoadConfig, RequestOptions, build, check_bool, check_int, check_number, check_scope,
                       check_session_id, option_names)
 from . import chat as _chat
@@ -173,6 +174,18 @@ def cached_prefix_len(model: str, prompt: str | Sequence[int], cache_scope: str 
         return 0
     tokens = prompt_tokens(eng, prompt, opts)
     return eng.kvcache.cached_prefix_len(tokens, cache_scope)
+
+
+def cached_prefix(model: str, prompt: str | Sequence[int], cache_scope: str = "default") -> CachedPrefix:
+    """What the prefix cache holds of ``prompt`` for this model: the tokens a restore would
+    load (as ``cached_prefix_len``), the KV bytes they take in the model's context, the tier
+    the restore reads from, the hit kind a request would get and the row's key (None for a
+    chain of chunks no row names). A probe: nothing loaded, no counters moved."""
+    eng = registry.get(model)
+    opts = build(RequestOptions, {"cache_scope": cache_scope}, "argument")
+    if eng.kvcache is None:
+        return CachedPrefix(0, 0, None, HitKind.COLD.value, None)
+    return eng.kvcache.cached_prefix(prompt_tokens(eng, prompt, opts), cache_scope, eng.ctx)
 
 
 def evict(model: str) -> int:

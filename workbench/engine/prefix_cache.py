@@ -24,7 +24,7 @@ from ..cache import CacheNamespace, CorruptReason, HitKind, SaveReason, row_key
 from ..cache.chunked import ChunkedCache
 from ..cache.shared import PrefixCache, shared_cache
 from ..options import ROPE_KEYS
-from .prefix_chunks import restore_chunks, save_chunks
+from .prefix_chunks import chain_tier, restore_chunks, save_chunks
 
 # --- restoring a sequence's state ---------------------------------------------------------
 
@@ -57,6 +57,28 @@ class Restored:
     kind: HitKind       # exact | partial
     key: str | None     # None: a chain of chunks no row names (chunk storage)
     tier: str | None
+
+
+@dataclass(slots=True, frozen=True)
+class CachedPrefix:
+    """What the prefix cache holds of a prompt (``wb.cached_prefix``), a probe: ``tokens``, the
+    leading tokens a restore would load; ``bytes``, the KV those tokens take in the model's
+    context (``tokens`` x its KV bytes per token, whatever the storage keeps on disk);
+    ``tier``, where the restore would read from; ``kind``, the hit kind a request for the
+    prompt would get (cold, partial, exact); ``key``, the row that serves it, None for a
+    chain of chunks no row names (chunk storage) or nothing cached."""
+
+    tokens: int
+    bytes: int
+    tier: str | None
+    kind: str
+    key: str | None
+
+
+def kv_bytes_per_token(ctx: Any) -> int:
+    """The KV bytes one token takes in ``ctx``: llama.cpp's KV buffers (the context bytes of
+    its memory breakdown) over the cells they hold (``n_ctx``)."""
+    return sum(b["context"] for b in _native.memory_breakdown(ctx)) // max(1, ctx.n_ctx)
 
 
 @dataclass(slots=True, frozen=True)
@@ -175,3 +197,18 @@ class EngineCache:
 
     def cached_prefix_len(self, tokens: Sequence[int], scope: str) -> int:
         return self.cache.cached_prefix_len(self.namespace(scope), tokens)
+
+    def cached_prefix(self, tokens: Sequence[int], scope: str, ctx: Any) -> CachedPrefix:
+        """What the cache holds of ``tokens`` (see CachedPrefix); no counters move."""
+        cache, ns = self.cache, self.namespace(scope)
+        n = cache.cached_prefix_len(ns, tokens)
+        kind = HitKind.of(n, len(tokens)).value
+        if n == 0:
+            return CachedPrefix(0, 0, None, kind, None)
+        prefix = list(tokens[:n])
+        key: str | None = row_key(ns.digest(), prefix)
+        if key in cache:
+            tier = next((r["tier"] for r in cache.rows() if r["key"] == key), None)
+        else:  # a chain of chunks no row names (or the row went meanwhile)
+            key, tier = None, chain_tier(cache, ns, prefix) if isinstance(cache, ChunkedCache) else None
+        return CachedPrefix(n, n * kv_bytes_per_token(ctx), tier, kind, key)
