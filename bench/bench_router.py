@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
-"""Routers compared on one multi-tenant trace over 2-4 replicas of the default model.
+"""Routers compared on a multi-tenant trace over 2-4 replicas of the default model.
 
-The trace (workbench.lab.traces, seeded) merges multi-turn chats under a few shared system
-prompts with agent loops sharing long system+tools prefixes; turn k+1's prompt is turn k's
-prompt + its reply + the next message, as a stateless chat API sees it (no session ids:
-the router decides every turn). Each request saves its first segment (the system prompt
-or agent prefix) as a row of its own (prefix_checkpoint_len), as a serving stack pins its
-system prompts.
+The ``mixed`` trace (workbench.lab.traces, seeded) merges multi-turn chats under a few
+shared system prompts with agent loops sharing long system+tools prefixes; turn k+1's
+prompt is turn k's prompt + its reply + the next message, as a stateless chat API sees it
+(no session ids: the router decides every turn). The ``documents`` trace is one where the
+approximate tree guesses wrong: short system prompts before long messages, below its 30%
+match threshold (documents_trace). Each request saves its first segment (the system
+prompt or agent prefix) as a row of its own (prefix_checkpoint_len), as a serving stack
+pins its system prompts.
 
 For each router, from the same start (every replica's cache emptied): the requests one at
 a time, each finished and its rows saved before the next is routed, so routing and every
@@ -14,7 +16,8 @@ token count are deterministic. Per router: prefill tokens saved (prompt tokens w
 was reused), hit ratio (requests that reused any), mean and p95 TTFT (ratios from one run;
 run it on a quiet machine), load spread (max/min requests per replica).
 
-    python bench/bench_router.py [--replicas 2] [--requests 80] [--cache-mib 1024] [--routers a,b,...] [--json out.json]
+    python bench/bench_router.py [--replicas 2] [--requests 80] [--trace mixed|documents] [--cache-mib 1024]
+                                 [--routers a,b,...] [--json out.json]
 """
 
 from __future__ import annotations
@@ -33,11 +36,14 @@ import workbench.cluster as wc  # noqa: E402
 from workbench.lab import traces  # noqa: E402
 
 ROUTERS = ("round_robin", "power_of_two", "least_loaded", "prefix_tree", "cache_affinity")
+TRACES = ("mixed", "documents")
 
 
-def make_trace(n_requests: int, seed: int) -> traces.Trace:
-    """Chats (4 system prompts) and agents (3 prefixes), about half the requests each,
-    sized for n_ctx 2048."""
+def make_trace(n_requests: int, seed: int, kind: str = "mixed") -> traces.Trace:
+    """``mixed``: chats (4 system prompts) and agents (3 prefixes), about half the requests
+    each. ``documents``: see documents_trace. Both sized for n_ctx 2048."""
+    if kind == "documents":
+        return documents_trace(n_requests, seed)
     chats = traces.multi_turn_chats(n_requests // 2, seed=seed, concurrency=6, system_prompts=4,
                                     system_tokens=(150, 300), turns=(2, 5), user_tokens=(10, 40),
                                     reply_tokens=(10, 40), max_context=1400)
@@ -45,6 +51,17 @@ def make_trace(n_requests: int, seed: int) -> traces.Trace:
                                 task_tokens=(20, 60), steps=(2, 4), action_tokens=(10, 30),
                                 observation_tokens=(20, 80), concurrency=4, max_context=1400)
     return traces.merge(chats, agents, name="chats+agents")
+
+
+def documents_trace(n_requests: int, seed: int) -> traces.Trace:
+    """Chats under 12 short system prompts (100-160 tokens) whose messages are long pasted
+    documents (300-450 tokens): a new chat's system prompt is 20-35% of its prompt, so the
+    approximate tree, which needs a 30% match, mostly places it as if new (the smallest
+    tree), while the exact probe sees the cached system prompt (min_match 10%). Each
+    tenant then spreads over every replica, its system prompt cached (and evicted) on each."""
+    return traces.multi_turn_chats(n_requests, seed=seed, concurrency=8, system_prompts=12,
+                                   system_tokens=(100, 160), turns=(1, 2), user_tokens=(300, 450),
+                                   reply_tokens=(10, 40), max_context=1400)
 
 
 def run_router(cluster: wc.Cluster, router: str, trace: traces.Trace, response_tokens: int) -> dict[str, Any]:
@@ -95,15 +112,19 @@ def main() -> None:
     ap.add_argument("--replicas", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1, help="threads per replica")
     ap.add_argument("--requests", type=int, default=80)
+    ap.add_argument("--trace", choices=TRACES, default="mixed", help="mixed: chats + agents; documents: "
+                    "short system prompts before long messages (documents_trace)")
     ap.add_argument("--response-tokens", type=int, default=4)
     ap.add_argument("--routers", default=",".join(ROUTERS))
     ap.add_argument("--cache-mib", type=int, default=1024, help="each replica's RAM cache budget")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, help="also write the results here")
     args = ap.parse_args()
-    trace = make_trace(args.requests, args.seed)
+    trace = make_trace(args.requests, args.seed, args.trace)
     print(f"trace: {trace.describe()}", file=sys.stderr)
-    cluster = wc.start(replicas=args.replicas, threads=args.threads, n_ctx=2048, n_seq_max=2,
+    # no bound on one native step: on a loaded machine (4 replicas on 2 cores) a long
+    # prefill may pass the default 30 s, and the token counts are what this measures
+    cluster = wc.start(replicas=args.replicas, threads=args.threads, n_ctx=2048, n_seq_max=2, decode_budget_ms=0,
                        cache_tiers=[{"kind": "ram", "budget_bytes": args.cache_mib << 20}])
     try:
         rows = []
@@ -115,7 +136,7 @@ def main() -> None:
         cluster.shutdown()
     print(table(rows))
     if args.json:
-        args.json.write_text(json.dumps({"replicas": args.replicas, "threads": args.threads,
+        args.json.write_text(json.dumps({"replicas": args.replicas, "threads": args.threads, "trace_kind": args.trace,
                                          "trace": trace.describe(), "results": rows}, indent=2, default=str))
 
 
