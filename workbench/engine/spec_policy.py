@@ -33,11 +33,15 @@ The next length is the longer of two:
   and on a poor one exploring costs at most that allowance.
 
 When neither is above 0 (no k is ``MIN_GAIN`` times plain decoding's 1/P), speculation is
-off for the request: it decodes plainly for ``backoff`` steps (at least so many that a
-probe costs at most ``PROBE_BUDGET`` of their time), then probes with a one-token draft,
-whose result weighs as much as all that was known before; a probe that does not pay
-doubles the backoff. The first ``WARMUP`` steps are plain (they measure P), and every
-``REFRESH`` speculated steps one is plain again so P follows the machine's load.
+off for the request: it decodes plainly for ``backoff`` steps (where the slack does not
+cover a probe yet, at least so many that a probe costs at most ``PROBE_BUDGET`` of their
+time), then probes with a draft as long as would pay best at PROBE_HOPE acceptance, whose
+result weighs as much as all that was known before; a probe that does not pay doubles the
+backoff. While off, a cheap drafter (n-grams) is also asked on plain steps for a shadow
+draft of ``SHADOW`` tokens, never verified: how much of it the reply then matched counts
+in the acceptance (``observe_shadow``), and when that makes a draft pay the request is on
+again at once. The first ``WARMUP`` steps are plain (they measure P), and every ``REFRESH``
+speculated steps one is plain again so P follows the machine's load.
 
 State: one request's estimates, slack and decision counts; no clock of its own (tests
 feed it synthetic observations).
