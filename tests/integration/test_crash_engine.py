@@ -31,6 +31,9 @@ from pathlib import Path
 import pytest
 
 from crash_kills import REPO, child_env, kill_at_random, tmp_files
+from waiting import wait_for
+
+from workbench.cache.chunk_format import CHUNK_SUFFIX, MANIFEST_SUFFIX
 
 pytestmark = pytest.mark.model
 
@@ -137,5 +140,118 @@ def test_sigkill_while_the_engine_saves_to_shm_and_disk(model_path, tier_roots):
     results.append(check(model_path, shm, disk))
     final = results[-1]
     assert final["rows"] > 0 and final["checked"] > 0, final
+    print(f"{KILLS} kills in {time.monotonic() - start:.0f} s, {tmp_seen} tmp files left by kills; "
+          f"last check: {final}")
+
+
+# --- the same over chunk storage: shm and disk chunk tiers ---------------------------------
+
+CHUNK_COMMON = COMMON + textwrap.dedent(r'''
+    from workbench.cache import shared
+    from workbench.cache.chunked import chunked_cache
+
+    # until shared.make_chunked builds shm and disk chunk tiers itself (it delegates to chunked_cache)
+    shared.make_chunked = lambda tiers, policy, size, pool: chunked_cache(
+        [(shared.make_tier(s), s.get("policy")) for s in tiers], policy, size, **pool)
+
+    def configure():
+        return wb.configure_cache(TIERS, storage="chunks", chunk_size=32)
+''')
+
+CHUNK_WRITER = CHUNK_COMMON + textwrap.dedent(r'''
+    import random
+    seed = int(sys.argv[4])
+    print("ready", flush=True)  # a kill may land in the start-up scan or the model load too
+    configure()
+    m = wb.load_model(model_path=model_path, n_ctx=1024, n_seq_max=2, n_threads=1)
+    rng = random.Random(seed)
+    while True:
+        wb.complete(m, prompt(rng.randrange(N_PROMPTS)), response_tokens=rng.randrange(1, 6))
+''').replace("N_PROMPTS", str(N_PROMPTS))
+
+CHUNK_CHECKER = CHUNK_COMMON + textwrap.dedent(r'''
+    import os
+    from pathlib import Path
+    from workbench.cache.chunk_format import CHUNK_SUFFIX, read_chunk
+    from workbench.cache.format import CorruptRow
+    info = configure()
+    out = {"scan_counters": {k: v for k, v in info["counters"].items() if k.startswith(("rejected", "orphans"))},
+           "tmp_left": [n for r in (shm_root, disk_root) for n in os.listdir(r) if ".tmp." in n],
+           "rows": info["rows"], "chunks_by_tier": {t["name"]: t["chunks"] for t in wb.list_tiers()}}
+    bad = 0
+    for root in (shm_root, disk_root):
+        for path in Path(root).glob("*" + CHUNK_SUFFIX):
+            try:
+                read_chunk(path)      # header, key recomputed, payload checksum
+            except CorruptRow:
+                bad += 1
+    out["bad_chunk_files"] = bad
+    m = wb.load_model(model_path=model_path, n_ctx=1024, n_seq_max=2, n_threads=1)
+    checked = mismatched = not_exact = 0
+    for i in range(N_PROMPTS):
+        n = len(wb.tokenize(m, prompt(i))) - 1
+        if wb.cached_prefix_len(m, prompt(i)) < n:
+            continue  # not stored (never saved, evicted, or its save was killed)
+        warm = wb.complete(m, prompt(i), response_tokens=5)
+        cold = wb.complete(m, prompt(i), response_tokens=5, cache=False)
+        checked += 1
+        not_exact += warm.stats.cache_hit_kind != "exact"
+        mismatched += warm.tokens != cold.tokens
+    c = wb.counters()
+    out.update(checked=checked, mismatched=mismatched, not_exact=not_exact,
+               restore_failed=c.get("cache_restore_failed", 0),
+               rejected_at_read=c.get("cache_rejected_total", 0) - out["scan_counters"].get("rejected_total", 0))
+    print(json.dumps(out))
+''').replace("N_PROMPTS", str(N_PROMPTS))
+
+
+def check_chunks(model_path: Path, shm: Path, disk: Path) -> dict:
+    done = subprocess.run([sys.executable, "-c", CHUNK_CHECKER, str(model_path), str(shm), str(disk)],
+                          env=child_env(), cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, f"the checker died with {done.returncode}: {done.stderr[-3000:]}"
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["scan_counters"].get("rejected_total", 0) == 0, out  # no torn chunk, no manifest without chunks
+    assert out["tmp_left"] == [] and out["bad_chunk_files"] == 0, out
+    assert out["rejected_at_read"] == 0 and out["restore_failed"] == 0, out
+    assert out["not_exact"] == 0 and out["mismatched"] == 0, out    # warm == cold, token for token
+    return out
+
+
+def run_until_both_tiers_hold_chunks(model_path: Path, shm: Path, disk: Path) -> None:
+    """A first writer, killed only once it has stored rows and shm has demoted chunks to disk
+    (on a loaded machine every random kill could land before the first save)."""
+    child = subprocess.Popen([sys.executable, "-c", CHUNK_WRITER, str(model_path), str(shm), str(disk), "-1"],
+                             env=child_env(), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        stored = wait_for(lambda: any(disk.glob(f"*{CHUNK_SUFFIX}")) and any(disk.glob(f"*{MANIFEST_SUFFIX}"))
+                          and any(shm.glob(f"*{CHUNK_SUFFIX}")), timeout=300, interval=0.2)
+        assert stored and child.poll() is None, "the first writer stored nothing in both tiers"
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_sigkill_while_the_engine_saves_chunks_to_shm_and_disk(model_path, tier_roots):
+    """As the row variant, in chunk storage: chunks written to the shm tier, demoted to the
+    disk tier one at a time as shm fills, evicted from disk leaves first, manifests on disk;
+    killed at random, then a fresh process re-adopts chains that span both tiers."""
+    shm, disk = tier_roots
+    rng = random.Random(int(os.environ.get("WORKBENCH_CRASH_SEED", "20261202")))
+    start = time.monotonic()
+    results = []
+    tmp_seen = 0
+    run_until_both_tiers_hold_chunks(model_path, shm, disk)
+    for i in range(KILLS):
+        early = i % 5 == 0
+        status = kill_at_random(CHUNK_WRITER, [str(model_path), str(shm), str(disk), str(i)], rng,
+                                min_delay_s=0.0 if early else 0.6, max_delay_s=0.6 if early else 2.2)
+        assert status == -signal.SIGKILL, f"the writer died on its own with status {status}"
+        tmp_seen += len(tmp_files(shm, disk))
+        if (i + 1) % CHECK_EVERY == 0 and i + 1 < KILLS:
+            results.append(check_chunks(model_path, shm, disk))
+    results.append(check_chunks(model_path, shm, disk))
+    final = results[-1]
+    assert final["rows"] > 0 and final["checked"] > 0, final
+    assert final["chunks_by_tier"]["shm"] > 0 and final["chunks_by_tier"]["disk"] > 0, final  # chains span both
     print(f"{KILLS} kills in {time.monotonic() - start:.0f} s, {tmp_seen} tmp files left by kills; "
           f"last check: {final}")
