@@ -15,11 +15,13 @@ import pytest
 from waiting import wait_for
 
 from workbench.cache import keys
+from workbench.cache.chunk_backends import ChunkDir
 from workbench.cache.chunk_format import CHUNK_SUFFIX, MANIFEST_SUFFIX, chunk_file_size
 from workbench.cache.chunk_store import ChunkStore
 from workbench.cache.chunk_tiers import ChunkTier
 from workbench.cache.chunked import ChunkedCache, chunked_cache
 from workbench.cache.keys import CacheNamespace
+from workbench.cache.policies import get_policy
 from workbench.cache.tiers import DiskTier, RamTier, ShmTier
 from workbench.errors import InvalidOption
 
@@ -331,3 +333,40 @@ def test_pinned_and_live_rows_chunks_are_demoted_and_dropped_last(tmp_path):
     assert protected <= set(shm.sizes)                               # still in the fast tier
     assert pinned in store and live in store and store.counters.get("evictions_chunks") > 0
     assert store.counters.get("demotions_shm") >= 4
+
+
+def test_a_put_writes_its_files_outside_the_lock(tmp_path):
+    """While a put is inside its file write, lookups, reads and another put proceed."""
+    entered, release = threading.Event(), threading.Event()
+
+    class SlowDir(ChunkDir):
+        def write_chunk(self, meta, payload):
+            if meta.tokens == keys.token_bytes([9, 9, 9, 9]):
+                entered.set()
+                assert release.wait(30)
+            return super().write_chunk(meta, payload)
+
+    store = ChunkStore(tiers=[ChunkTier(SlowDir(tmp_path / "d"), None, get_policy("lru"))], chunk_size=CS)
+    a = list(range(8))
+    put(store, a)
+    slow = threading.Thread(target=put, args=(store, [9, 9, 9, 9]))
+    slow.start()
+    try:
+        assert entered.wait(30)
+        done = threading.Event()
+
+        def meanwhile() -> None:
+            assert store.lookup(NS, a + [1]).n_tokens == 8
+            assert store.read_row(keys.row_key(NS, a))[2] == expected(store, keys.row_key(NS, a))
+            assert put(store, list(range(20, 28))) is not None
+            done.set()
+
+        other = threading.Thread(target=meanwhile)
+        other.start()
+        assert wait_for(done.is_set, timeout=30)                    # not stuck behind the slow write
+        assert keys.row_key(NS, [9, 9, 9, 9]) not in store           # committed only once written
+    finally:
+        release.set()
+        slow.join(30)
+    assert keys.row_key(NS, [9, 9, 9, 9]) in store
+    check_budgets_and_files(store)
