@@ -7,19 +7,27 @@ prompts (raw ChatML text, special tokens parsed), the same number of tokens to p
 - n-grams on the default model: workbench `speculative={'ngram': 'cache'}` against
   `llama-lookup` (llama.cpp's n-gram-cache drafting), and `{'ngram': 'simple'}` against
   `llama-speculative-simple --spec-type ngram-simple`;
+- with `--qwen-ngram`: the same n-gram sides on Qwen2.5-Coder-1.5B-Instruct, a model that
+  echoes the code it edits (the default model rewrites it), where the code edit's 1.3x
+  target can be reached;
 - with `--pair`: Qwen2.5-Coder-1.5B-Instruct drafted by Qwen2.5-Coder-0.5B-Instruct
   (../shared/MODELS.md; fetched once): workbench `speculative={'draft': ...}` against
-  `llama-speculative-simple --spec-type draft-simple`.
+  `llama-speculative-simple --spec-type draft-simple`; `--draft-threads N` gives the draft
+  model's engine N threads (the target keeps `--threads`).
 
 Prompt classes: an input-grounded code edit (the reply repeats most of the input), a
-summary, free generation. Speed is the decode rate: ours `Stats.decode_tps` (first to last
-generated token), llama.cpp's its "decoded N tokens in T seconds" line (after the prompt).
-Rounds alternate the programs and ours; each figure is the median over rounds.
+summary, free generation. "echo" (on the plain line) is the share of the plain reply's
+tokens inside a 4-gram of the prompt: how input-grounded the reply really is, per model.
+Speed is the decode rate: ours `Stats.decode_tps` (first to last generated token),
+llama.cpp's its "decoded N tokens in T seconds" line (after the prompt). Rounds alternate
+the programs and ours; each figure is the median over rounds.
 
-    python bench/bench_speculative.py [--rounds 3] [--n-predict 128] [--pair] [--fixed | --both] [--json out.json]
+    python bench/bench_speculative.py [--rounds 3] [--n-predict 128] [--fixed | --both]
+        [--no-default] [--qwen-ngram] [--pair [--draft-threads N]] [--classes code,summary,free] [--json out.json]
 
 ``--both`` measures each of our speculative sides twice, adaptive and fixed (always n_max),
-and prints what adaptive decided (verified drafts, drafts explored, off switches) per class.
+and prints what adaptive decided (verified drafts, their mean length, drafts explored, off
+switches, shadow drafts checked) per class.
 """
 
 from __future__ import annotations
@@ -68,6 +76,7 @@ def chat(text: str) -> str:
     return f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n"
 
 
+CLASSES = {"code": "code edit (input-grounded)", "summary": "summary", "free": "free generation"}
 PROMPTS = {
     "code edit (input-grounded)": chat(f"Rename the variable `total` to `paid_total` in this code and output "
                                        f"the whole code:\n```python\n{CODE}```"),
@@ -100,12 +109,26 @@ def program_cmd(name: str, model: Path, prompt: str, n: int, threads: int, extra
 MODES = [True]  # adaptive values our speculative sides run with: --fixed [False], --both [True, False]
 
 
+def echo_share(prompt: list[int], reply: list[int], n: int = 4) -> float:
+    """The share of ``reply``'s tokens inside an n-gram that also occurs in ``prompt``."""
+    grams = {tuple(prompt[i: i + n]) for i in range(len(prompt) - n + 1)}
+    covered = [False] * len(reply)
+    for i in range(len(reply) - n + 1):
+        if tuple(reply[i: i + n]) in grams:
+            covered[i: i + n] = [True] * n
+    return sum(covered) / len(reply) if reply else 0.0
+
+
 def ours(mid: str, prompt: str, n: int, spec: dict[str, Any] | None) -> dict[str, float]:
     r = wb.complete(mid, prompt, response_tokens=n, temperature=0, cache=False, speculative=spec)
     s = r.stats.speculative or {}
-    return {"tps": r.stats.decode_tps or 0.0, "acceptance": float(s.get("acceptance") or 0.0),
-            "tokens": r.stats.generated_tokens, "steps": s.get("steps", 0),
-            "explored": s.get("explored", 0), "off": (s.get("decisions") or {}).get("off", 0)}
+    out = {"tps": r.stats.decode_tps or 0.0, "acceptance": float(s.get("acceptance") or 0.0),
+           "tokens": r.stats.generated_tokens, "steps": s.get("steps", 0), "explored": s.get("explored", 0),
+           "mean_draft": s["drafted"] / s["steps"] if s.get("steps") else 0.0,
+           "off": (s.get("decisions") or {}).get("off", 0), "shadows": s.get("shadows", 0)}
+    if spec is None:
+        out["echo"] = echo_share(wb.tokenize(mid, prompt), list(r.tokens))
+    return out
 
 
 def spec_sides(name: str, mid: str, prompt: str, n: int, spec: dict[str, Any]) -> dict[str, Callable[[], Any]]:
@@ -123,7 +146,9 @@ def measure_class(label: str, rounds: int, sides: dict[str, Callable[[], dict[st
             runs[key].append(fn())
     return {key: {"tps": statistics.median(r["tps"] for r in rs),
                   "acceptance": statistics.median(r["acceptance"] for r in rs),
-                  "decided": [(r.get("steps", 0), r.get("explored", 0), r.get("off", 0)) for r in rs]}
+                  "echo": statistics.median(r.get("echo", 0.0) for r in rs),
+                  "decided": [(r.get("steps", 0), round(r.get("mean_draft", 0.0), 1), r.get("explored", 0),
+                               r.get("off", 0), r.get("shadows", 0)) for r in rs]}
             for key, rs in runs.items()}
 
 
@@ -139,13 +164,13 @@ def ngram_sides(mid: str, model: Path, prompt: str, n: int, threads: int) -> dic
 
 
 def pair_sides(mid: str, did: str, target: Path, draft: Path, prompt: str, n: int,
-               threads: int) -> dict[str, Callable[[], Any]]:
+               threads: int, draft_threads: int) -> dict[str, Callable[[], Any]]:
     return {
         "plain": lambda: ours(mid, prompt, n, None),
         **spec_sides("ours draft", mid, prompt, n, {"draft": did, "n_max": N_DRAFT}),
         "llama-speculative-simple draft-simple": lambda: run_program(program_cmd(
             "llama-speculative-simple", target, prompt, n, threads,
-            ["--spec-type", "draft-simple", "-md", str(draft)])),
+            ["--spec-type", "draft-simple", "-md", str(draft), "-td", str(draft_threads)])),
     }
 
 
@@ -157,7 +182,7 @@ PAIRS = _PAIRS + tuple((f"{a} fixed", b) for a, b in _PAIRS)
 def report(title: str, results: dict[str, dict[str, Any]]) -> None:
     print(f"\n{title}")
     print(f"{'prompt class':<28}{'side':<40}{'tok/s':>8}{'accept':>8}{'x plain':>9}{'x llama.cpp':>12}"
-          f"  adaptive: (verified drafts, explored, off) per round")
+          f"  plain: echo; adaptive: (verified drafts, mean length, explored, off, shadows) per round")
     for label, sides in results.items():
         plain = sides["plain"]["tps"]
         programs = {ours_key: prog for ours_key, prog in PAIRS if ours_key in sides}
@@ -165,50 +190,87 @@ def report(title: str, results: dict[str, dict[str, Any]]) -> None:
             vs_plain = f"{r['tps'] / plain:.2f}" if plain and key != "plain" else ""
             prog = programs.get(key)
             vs_prog = f"{r['tps'] / sides[prog]['tps']:.2f}" if prog and sides[prog]["tps"] else ""
-            decided = r["decided"] if key.startswith("ours") and not key.endswith("fixed") else ""
+            decided = (r["decided"] if key.startswith("ours") and not key.endswith("fixed")
+                       else f"echo {r['echo']:.2f}" if key == "plain" else "")
             print(f"{label:<28}{key:<40}{r['tps']:>8.1f}{r['acceptance']:>8.2f}{vs_plain:>9}{vs_prog:>12}  {decided}")
             label = ""
 
 
-def main() -> int:
+def run_ngram(args: argparse.Namespace, path: Path, model_id: str, prompts: dict[str, str]) -> dict[str, Any]:
+    """The n-gram sides on one model, class by class."""
+    mid = wb.load_model(model_path=str(path), model_id=model_id, n_threads=args.threads, n_seq_max=2, n_ctx=4096,
+                        decode_budget_ms=args.decode_budget_ms)
+    try:
+        return {label: measure_class(label, args.rounds, ngram_sides(mid, path, p, args.n_predict, args.threads))
+                for label, p in prompts.items()}
+    finally:
+        wb.unload(mid)
+
+
+def run_pair(args: argparse.Namespace, target: Path, draft: Path, prompts: dict[str, str]) -> dict[str, Any]:
+    """The draft-model sides: the target with --threads, its draft model's engine with --draft-threads."""
+    budget = args.decode_budget_ms
+    tid = wb.load_model(model_path=str(target), model_id="bench-target", n_threads=args.threads, n_ctx=4096,
+                        decode_budget_ms=budget)
+    did = wb.load_model(model_path=str(draft), model_id="bench-draft", n_threads=args.draft_threads, n_ctx=4096,
+                        decode_budget_ms=budget)
+    try:
+        return {label: measure_class(label, args.rounds, pair_sides(tid, did, target, draft, p, args.n_predict,
+                                                                    args.threads, args.draft_threads))
+                for label, p in prompts.items()}
+    finally:
+        wb.unload(did)
+        wb.unload(tid)
+
+
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--n-predict", type=int, default=128)
     ap.add_argument("--threads", type=int, default=default_threads())
+    ap.add_argument("--no-default", action="store_true", help="skip the default model's n-gram sides")
+    ap.add_argument("--qwen-ngram", action="store_true", help="the n-gram sides on Qwen2.5-Coder 1.5B too (heavy)")
     ap.add_argument("--pair", action="store_true", help="also the Qwen2.5-Coder 1.5B + 0.5B pair (heavy)")
+    ap.add_argument("--draft-threads", type=int, default=None, help="the draft model's threads (default: --threads)")
+    ap.add_argument("--classes", default=",".join(CLASSES), help=f"prompt classes, of {','.join(CLASSES)}")
     ap.add_argument("--fixed", action="store_true", help="speculate with adaptive=False (always n_max drafts)")
     ap.add_argument("--both", action="store_true", help="each of our speculative sides adaptive and fixed")
+    ap.add_argument("--decode-budget-ms", type=int, default=30000,
+                    help="the engines' bound on one native step (0 = off: a smoke run on a loaded machine)")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
+    args.draft_threads = args.draft_threads or args.threads
+    unknown = [c for c in args.classes.split(",") if c not in CLASSES]
+    if unknown:
+        ap.error(f"--classes: unknown {unknown}; expected some of {list(CLASSES)}")
+    return args
+
+
+def main() -> int:
+    args = parse_args()
     MODES[:] = [True, False] if args.both else [not args.fixed]
-    model = wb.fetch_default_model()
-    out: dict[str, Any] = {"threads": args.threads, "rounds": args.rounds, "n_predict": args.n_predict}
-    mid = wb.load_model(model_path=str(model), n_threads=args.threads, n_seq_max=2, n_ctx=4096)
-    try:
-        out["ngram"] = {label: measure_class(label, args.rounds, ngram_sides(mid, model, p, args.n_predict,
-                                                                             args.threads))
-                        for label, p in PROMPTS.items()}
-    finally:
-        wb.unload(mid)
+    prompts = {CLASSES[c]: PROMPTS[CLASSES[c]] for c in args.classes.split(",")}
+    out: dict[str, Any] = {"threads": args.threads, "draft_threads": args.draft_threads, "rounds": args.rounds,
+                           "n_predict": args.n_predict}
     modes = "adaptive and fixed" if args.both else "fixed" if args.fixed else "adaptive"
-    print(f"{model.name}, {args.threads} threads, {args.rounds} alternating rounds, {args.n_predict} tokens, "
-          f"greedy, drafts of at most {N_DRAFT} ({modes}), "
-          f"llama.cpp {wb._native.llama_commit[:10]}")
-    report("n-gram self-speculation, default model", out["ngram"])
-    if args.pair:
+    print(f"{args.threads} threads, {args.rounds} alternating rounds, {args.n_predict} tokens, greedy, "
+          f"drafts of at most {N_DRAFT} ({modes}), llama.cpp {wb._native.llama_commit[:10]}")
+    if not args.no_default:
+        model = wb.fetch_default_model()
+        out["ngram"] = run_ngram(args, model, "bench-default", prompts)
+        report(f"n-gram self-speculation, {model.name}", out["ngram"])
+    if args.qwen_ngram or args.pair:
         from tests.integration.heavy_models import QWEN_CODER_05B, QWEN_CODER_15B, fetch_chunked
 
-        target, draft = fetch_chunked(QWEN_CODER_15B), fetch_chunked(QWEN_CODER_05B)
-        tid = wb.load_model(model_path=str(target), model_id="bench-target", n_threads=args.threads, n_ctx=4096)
-        did = wb.load_model(model_path=str(draft), model_id="bench-draft", n_threads=args.threads, n_ctx=4096)
-        try:
-            out["pair"] = {label: measure_class(label, args.rounds, pair_sides(tid, did, target, draft, p,
-                                                                               args.n_predict, args.threads))
-                           for label, p in PROMPTS.items()}
-        finally:
-            wb.unload(did)
-            wb.unload(tid)
-        report(f"draft model: {target.name} drafted by {draft.name}", out["pair"])
+        target = fetch_chunked(QWEN_CODER_15B)
+        if args.qwen_ngram:
+            out["qwen_ngram"] = run_ngram(args, target, "bench-qwen", prompts)
+            report(f"n-gram self-speculation, {target.name}", out["qwen_ngram"])
+        if args.pair:
+            draft = fetch_chunked(QWEN_CODER_05B)
+            out["pair"] = run_pair(args, target, draft, prompts)
+            report(f"draft model: {target.name} drafted by {draft.name} ({args.draft_threads} draft threads)",
+                   out["pair"])
     if args.json:
         args.json.write_text(json.dumps(out, indent=2))
     return 0
