@@ -55,7 +55,8 @@ def test_cache_rows_can_be_ranked_by_eye(policy: str) -> None:
     assert df["score"].round(-6).nunique() == 1  # what the raw column shows: 1.8e9 everywhere
     assert list(df["rank"]) == [1, 2, 3, 4] and list(df["n_tokens"]) == [2, 3, 4, 5]  # oldest goes first
     assert list(df["score_norm"]) == pytest.approx([0, 1 / 3, 2 / 3, 1])
-    assert list(df["age_s"]) == list(df["idle_s"]) == [3.0, 2.0, 1.0, 0.0]
+    # ages to the snapshot's clock reading, taken one second after the last save
+    assert list(df["age_s"]) == list(df["idle_s"]) == [4.0, 3.0, 2.0, 1.0]
     assert list(df["MiB"]) == [2.0, 3.0, 4.0, 5.0] and list(df["bytes"]) == [n << 20 for n in range(2, 6)]
 
 
@@ -64,7 +65,9 @@ def test_rank_counts_within_each_tier_and_protected_rows_last() -> None:
     assert list(df["rank"]) == [1, 2, 3] and list(df["tiers"]) == [["ram"]] * 3
     assert df["score_norm"].between(0, 1).all()
     assert df.loc[df["rank"] == 1, "score_norm"].item() == 0.0
-    assert df.loc[df["hits"] == 1, "idle_s"].item() == 0.0  # the row just hit is the latest use
+    # the row just hit is the latest use: idle for the one clock tick up to the snapshot
+    idle = df["idle_s"]
+    assert df.loc[df["hits"] == 1, "idle_s"].item() == idle.min() == 1.0
     cache = hand_made_cache()
     key = views.cache_rows(cache).index[0]
     cache.evict_bytes(50, "ram")  # demotes the next victim to "slow"

@@ -140,13 +140,15 @@ def cache_rows(cache: AnyCache | str | None = None) -> pd.DataFrame:
     eviction order `rank` is (1 = next victim); `tiers` lists every tier holding a copy.
     `score_norm` places the score between the tier's lowest (0) and highest (1): raw scores
     of time-based policies (lru, frecency) are seconds on the cache clock, alike to many
-    digits. `age_s` / `idle_s`: seconds from the row's creation / last use to the cache's
-    latest save or hit. `MiB` is `bytes` / 2**20; `style(df)` shows units."""
+    digits. `age_s` / `idle_s`: seconds from the row's creation / last use to the snapshot's
+    clock reading (`now`, one for all rows; the latest save or hit where a cache gives no
+    `now`); ties in score sort by `seq`, the cache's logical clock, as the tier evicts.
+    `MiB` is `bytes` / 2**20; `style(df)` shows units."""
     c = resolve_cache(cache)
     order = {t["name"]: i for i, t in enumerate(c.list_tiers())}
     rows = c.rows()
     rows.sort(key=lambda r: (order.get(r["tier"], len(order)), r["pinned"] or r["live"],
-                             float("inf") if r["score"] is None else r["score"], _last_use(r)))
+                             float("inf") if r["score"] is None else r["score"], r.get("seq", _last_use(r))))
     _add_readable_columns(rows)
     return _frame(rows, _ROW_DTYPES, "key")
 
@@ -157,7 +159,7 @@ def _last_use(row: dict[str, Any]) -> float:
 
 def _add_readable_columns(rows: list[dict[str, Any]]) -> None:
     """rank, score_norm, age_s, idle_s and MiB of rows sorted in eviction order."""
-    latest = max((_last_use(r) for r in rows), default=0.0)
+    latest = rows[0]["now"] if rows and "now" in rows[0] else max((_last_use(r) for r in rows), default=0.0)
     scores: dict[Any, list[float]] = {}
     for r in rows:
         if r["score"] is not None:
