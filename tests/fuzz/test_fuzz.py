@@ -230,7 +230,7 @@ def _api_call():
     sid = st.one_of(st.sampled_from(["s1", 0, 1, -1, None, True, 2.5]), S.text)
     scope = st.one_of(st.sampled_from(["default", "t1"]), S.weird.filter(lambda x: x is not None or S.known(11)))
     calls = [
-        st.tuples(st.just("cached_prefix_len"), st.tuples(st.just("<model>"), S.prompts),
+        st.tuples(st.sampled_from(["cached_prefix_len", "cached_prefix"]), st.tuples(st.just("<model>"), S.prompts),
                   st.fixed_dictionaries({}, optional={"cache_scope": scope})),
         st.tuples(st.just("pin_row"), st.tuples(st.one_of(S.text, S.weird)), st.just({})),
         st.tuples(st.just("evict_bytes"), st.tuples(S.weird), st.fixed_dictionaries({}, optional={"tier": S.weird})),
