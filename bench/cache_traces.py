@@ -143,7 +143,7 @@ def run_trace(converse: Callable[[str], None], storage: str, chunk_size: int, th
     tier = {"kind": "disk", "root": str(root / "cache"), "budget_bytes": 8 * 2**30}
     extra = {"storage": "chunks", "chunk_size": chunk_size} if storage == "chunks" else {}
     wb.configure_cache([tier], **extra)
-    model = wb.load_model(n_threads=threads, n_ctx=8192, n_seq_max=1, flash_attn=flash_attn)
+    model = wb.load_model(n_threads=threads, n_ctx=8192, n_seq_max=1, flash_attn=flash_attn, decode_budget_ms=0)
     try:
         converse(model)
         wb.wait_for_saves()
