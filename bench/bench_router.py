@@ -64,9 +64,10 @@ def documents_trace(n_requests: int, seed: int) -> traces.Trace:
                                    reply_tokens=(10, 40), max_context=1400)
 
 
-def run_router(cluster: wc.Cluster, router: str, trace: traces.Trace, response_tokens: int) -> dict[str, Any]:
+def run_router(cluster: wc.Cluster, router: str, trace: traces.Trace, response_tokens: int,
+               options: dict[str, Any] | None = None) -> dict[str, Any]:
     cluster.reset_cache()
-    cluster.set_router(router)
+    cluster.set_router(router, options)
     start = len(cluster.routing.log)
     saved = prompt = hits = 0
     ttfts: list[float] = []
@@ -119,6 +120,8 @@ def main() -> None:
     ap.add_argument("--cache-mib", type=int, default=1024, help="each replica's RAM cache budget")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, help="also write the results here")
+    ap.add_argument("--affinity-options", type=json.loads, default=None, metavar="JSON",
+                    help='cache_affinity\'s router options, e.g. \'{"share_weight": 3}\'')
     args = ap.parse_args()
     trace = make_trace(args.requests, args.seed, args.trace)
     print(f"trace: {trace.describe()}", file=sys.stderr)
@@ -129,7 +132,8 @@ def main() -> None:
     try:
         rows = []
         for router in args.routers.split(","):
-            rows.append(run_router(cluster, router, trace, args.response_tokens))
+            options = args.affinity_options if router == "cache_affinity" else None
+            rows.append(run_router(cluster, router, trace, args.response_tokens, options))
             print(f"{router}: {rows[-1]['saved_tokens']} tokens saved, {rows[-1]['per_replica']}, "
                   f"{rows[-1]['wall_s']:.0f} s", file=sys.stderr)
     finally:
