@@ -12,7 +12,9 @@ waiting: engine/draft_model.py). Each tick, before the plan:
    that many tokens; the draft joins the feed, and every row from the last token on gets
    logits (``Request.out_from``), a plain step's single row too, so that every step of a
    speculative request comes back here and is timed. The strategy plans these rows like
-   any other decode rows (it may take fewer: the rest of the draft is dropped).
+   any other decode rows (it may take fewer: the rest of the draft is dropped). On a plain
+   step while the policy is off, an n-gram drafter is asked for a shadow draft that is
+   never verified: how much of it the tokens emitted next matched is told to the policy.
 2. ``apply`` after the decode: the request's own sampler samples row by row (llama.cpp's
    ``common_sampler_sample_and_accept_n``): row i's token is accepted while it equals
    draft token i; the first that differs (or the one after a fully accepted draft) is the
