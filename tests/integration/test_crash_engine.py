@@ -147,13 +147,6 @@ def test_sigkill_while_the_engine_saves_to_shm_and_disk(model_path, tier_roots):
 # --- the same over chunk storage: shm and disk chunk tiers ---------------------------------
 
 CHUNK_COMMON = COMMON + textwrap.dedent(r'''
-    from workbench.cache import shared
-    from workbench.cache.chunked import chunked_cache
-
-    # until shared.make_chunked builds shm and disk chunk tiers itself (it delegates to chunked_cache)
-    shared.make_chunked = lambda tiers, policy, size, pool: chunked_cache(
-        [(shared.make_tier(s), s.get("policy")) for s in tiers], policy, size, **pool)
-
     def configure():
         return wb.configure_cache(TIERS, storage="chunks", chunk_size=32)
 ''')

@@ -11,15 +11,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..errors import InvalidOption
-from .chunk_store import DEFAULT_CHUNK_SIZE, ChunkStore
-from .chunked import ChunkedCache
+from .chunk_store import DEFAULT_CHUNK_SIZE
+from .chunked import ChunkedCache, chunked_cache
 from .policies import DEFAULT_POLICY
 from .store import ROW_SUFFIX
 from .tiered import TieredCache
-from .tiers import DiskTier, FileTier, RamTier, ShmTier, Tier
+from .tiers import DiskTier, RamTier, ShmTier, Tier
 
 DEFAULT_RAM_BUDGET = 1 << 30
-UNBOUNDED = 1 << 62
 STORAGES = ("rows", "chunks")
 PrefixCache = TieredCache | ChunkedCache
 _lock = threading.Lock()
@@ -93,33 +92,16 @@ def make_tier(spec: Mapping[str, Any]) -> Tier:
                             "tier") from None
 
 
-CHUNK_TIERS = ("a RAM tier, a directory tier (shm or disk, with its own root), or a RAM tier then a "
-               "directory tier (shm and disk as separate chunk tiers: not yet)")
-
-
 def make_chunked(tiers: Sequence[Mapping[str, Any]], policy: Any, chunk_size: int,
                  pool: Mapping[str, Any]) -> ChunkedCache:
-    """A chunked cache over one store: chunks in memory (a RAM tier alone), or in a directory
-    with RAM copies per chunk (a RAM tier's budget) above it. A directory needs an explicit
-    root of its own: its scan deletes version 1 row files, so it must not be a row tier's."""
+    """A chunked cache over these tiers (at most one each of ram, shm, disk, fastest first;
+    ``chunked.chunked_cache``). A directory tier needs an explicit root of its own: its scan
+    deletes version 1 row files, so it must not be a row tier's."""
     for spec in tiers:
         if isinstance(spec, Mapping) and spec.get("kind") in ("shm", "disk") and spec.get("root") is None:
             raise InvalidOption("root", None, "a directory of its own for chunk storage (its scan deletes "
                                 "version 1 row files)", "tier")
-    built = [make_tier(spec) for spec in tiers]
-    ram = [t for t in built if isinstance(t, RamTier)]
-    dirs = [t for t in built if isinstance(t, FileTier)]
-    if len(ram) > 1 or len(dirs) > 1 or (ram and built[0] is not ram[0]):
-        raise InvalidOption("tiers", [t.name for t in built], CHUNK_TIERS, "cache")
-    main = dirs[0] if dirs else ram[0]
-    spec_policy = next((s.get("policy") for s in reversed(tiers) if s.get("policy") is not None), None)
-    ram_budget = 0
-    if dirs and ram:
-        ram_budget = UNBOUNDED if ram[0].budget_bytes is None else ram[0].budget_bytes
-    store = ChunkStore(main.root if isinstance(main, FileTier) else None, main.budget_bytes, chunk_size=chunk_size,
-                       policy=policy if spec_policy is None else spec_policy, ram_budget_bytes=ram_budget,
-                       name=main.name)
-    return ChunkedCache(store, dir_kind=main.kind, **pool)
+    return chunked_cache([(make_tier(s), s.get("policy")) for s in tiers], policy, chunk_size, **pool)
 
 
 class PeerRows:
