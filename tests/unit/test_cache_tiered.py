@@ -357,3 +357,25 @@ def test_lookups_wait_for_a_queued_save_that_would_serve_them(tmp_path: Path,
     threading.Timer(0.1, gate.set).start()
     assert cache.wait_for_queued(NS, prompt, key=key, timeout=5) is True and key in cache
     assert cache.counters()["queued_wait_ns"] > 0
+
+
+def test_a_scan_racing_a_put_does_not_adopt_the_row_being_committed(tmp_path: Path) -> None:
+    """A peer rescan (cluster `cache_sync='auto'`) that meets a row this process has published
+    but not yet committed leaves it to the put: counted once, `live` kept, admitted once."""
+    class ScanningDisk(DiskTier):
+        cache: TieredCache | None = None
+
+        def write(self, meta, payload):  # type: ignore[no-untyped-def]
+            size = super().write(meta, payload)
+            if self.cache is not None:  # the file is published; the put has not committed yet
+                self.cache.scan()
+            return size
+
+    disk = ScanningDisk("disk", tmp_path / "disk", None)
+    cache = TieredCache([disk], policy="lru")
+    disk.cache = cache
+    key = cache.put(CacheNamespace("ab" * 32), [1, 2, 3], b"p" * 64, live=True)
+    assert key is not None and len(cache) == 1
+    (row,) = cache.rows()
+    assert row["live"] is True
+    assert cache.counters()["bytes_disk"] == (tmp_path / "disk" / f"{key}.kv").stat().st_size

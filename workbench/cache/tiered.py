@@ -382,7 +382,10 @@ class TieredCache(QueuedSaves):
         return key
 
     def _adopt(self, level: Level, meta: RowMeta, size: int) -> None:
-        """Take a row found by a scan into the catalog and the level's accounting."""
+        """Take a row found by a scan into the catalog and the level's accounting (not a row
+        this process is putting: its put commits it, with its own stats)."""
+        if meta.key in self._inflight:
+            return
         if self._catalog.conflicts(meta.key, meta.namespace, meta.tokens):
             self._counters.inc("key_collisions")
             return
