@@ -371,19 +371,21 @@ def test_plots_return_figures() -> None:
 
 # --- speed --------------------------------------------------------------------------------------
 
-def test_speed_of_a_100k_request_replay(capsys: pytest.CaptureFixture[str]) -> None:
-    """100,000 chat requests through the 5 policies at one budget; the time is printed (the
+@pytest.mark.parametrize("requests, chunk_size", [(100_000, None), (20_000, 256)], ids=["rows-100k", "chunks-20k"])
+def test_speed_of_a_long_replay(capsys: pytest.CaptureFixture[str], requests: int, chunk_size: int | None) -> None:
+    """A long chat trace through the 5 policies at one budget, whole rows and chunks (the
+    chunk model, the store's rules, costs more a request); the time is printed (the
     machine's load varies too much to assert it). bench/bench_replay.py measures more."""
     t0 = time.perf_counter()
-    trace = traces.multi_turn_chats(100_000, seed=0)
+    trace = traces.multi_turn_chats(requests, seed=0)
     t1 = time.perf_counter()
-    df = lab.replay(trace, lab.DEFAULT_POLICIES, ["8GiB"])
+    df = lab.replay(trace, lab.DEFAULT_POLICIES, ["8GiB"], chunk_size=chunk_size)
     t2 = time.perf_counter()
     with capsys.disabled():
-        print(f"\n100k-request chat trace: generated in {t1 - t0:.1f} s, replayed through "
-              f"{len(df)} policies in {t2 - t1:.1f} s wall (per policy, s: "
+        print(f"\n{requests:,}-request chat trace ({'whole rows' if chunk_size is None else 'chunks'}): generated in "
+              f"{t1 - t0:.1f} s, replayed through {len(df)} policies in {t2 - t1:.1f} s wall (per policy, s: "
               + ", ".join(f"{p} {s:.1f}" for p, s in zip(df['policy'], df['seconds'])) + ")")
-    assert len(df) == 5 and (df["requests"] == 100_000).all()
+    assert len(df) == 5 and (df["requests"] == requests).all()
     assert not math.isnan(df["hit_ratio"].sum())
 
 
