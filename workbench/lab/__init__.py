@@ -16,10 +16,10 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["chunks", "chunksim", "default_sizes", "experiment", "measure", "plan", "plot_miss_ratio_curves",
-           "replay", "simcache", "traces"]
+__all__ = ["chunkrank", "chunks", "chunksim", "default_sizes", "experiment", "measure", "plan",
+           "plot_miss_ratio_curves", "replay", "simcache", "traces"]
 
-_MODULES = {"chunks", "chunksim", "experiment", "plan", "simcache", "traces"}
+_MODULES = {"chunkrank", "chunks", "chunksim", "experiment", "plan", "simcache", "traces"}
 _NAMES = {"replay", "measure", "plot_miss_ratio_curves", "default_sizes", "DEFAULT_POLICIES"}
 
 
