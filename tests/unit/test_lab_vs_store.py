@@ -100,9 +100,6 @@ def test_the_lab_replays_a_trace_as_the_chunk_store_does(tmp_path: Path, workloa
     assert saved[1] > saved[0] > 0
 
 
-@pytest.mark.xfail(strict=True, reason="ChunkCatalog.lookup (the continuing chunk agreeing longest) and "
-                                       "ChunkCatalog.cover break ties by set iteration order, which "
-                                       "PYTHONHASHSEED changes; the lab takes the chunk used last")
 def test_ties_between_continuing_chunks() -> None:
     """System prompts ending inside a chunk: every conversation's chunk after the system's
     last full one agrees with a new conversation's prompt for the same tokens."""

@@ -94,12 +94,11 @@ class ChunkCatalog:
         return len(ks)
 
     def cover(self, anchor: bytes, tail: bytes) -> ChunkInfo | None:
-        """A stored chunk continuing ``anchor`` whose tokens extend ``tail``."""
-        for k in self.kids.get(anchor, ()):
-            c = self.chunks[k]
-            if len(c.tokens) > len(tail) and c.tokens.startswith(tail):
-                return c
-        return None
+        """A stored chunk continuing ``anchor`` whose tokens extend ``tail`` (of several, the
+        one used last: ties never depend on set order)."""
+        found = [c for c in map(self.chunks.__getitem__, self.kids.get(anchor, ()))
+                 if len(c.tokens) > len(tail) and c.tokens.startswith(tail)]
+        return max(found, key=lambda c: c.stats.seq, default=None)
 
     def resolve(self, m: Manifest) -> tuple[bytes, ...] | None:
         """The stored chunks that serve a row: its own, or for its tail a covering chunk;
@@ -203,11 +202,11 @@ class ChunkCatalog:
             depth += 1
         chain, n = tuple(full[:depth]), depth * self.chunk_size
         rest = raw[4 * n:]
-        agree, inside = 0, None
+        agree, inside, used = 0, None, -1  # the longest agreement; of equal ones, the chunk used last
         for k in self.kids.get(chain[-1] if chain else namespace, ()):
-            common = _common_tokens(self.chunks[k].tokens, rest)
-            if common > agree:
-                agree, inside = common, k
+            common, seq = _common_tokens(self.chunks[k].tokens, rest), self.chunks[k].stats.seq
+            if common > 0 and (common, seq) > (agree, used):
+                agree, inside, used = common, k, seq
         if inside is not None:
             chain, n = (*chain, inside), n + agree
         if n and (best is None or n > best.n_tokens):
