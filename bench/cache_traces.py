@@ -7,12 +7,12 @@ holds: the sizes of the files the engine left (row files ``*.kv``; chunk files `
 manifests ``*.kvm``), against the raw f16 KV of the distinct tokens of the rows it saved
 (the positions of the trie of all rows: each distinct prefix once).
 
-* ``chats``: ``n_chats`` chats of ``turns`` turns sharing one system prompt (about 330
-  tokens), each on its own topic.
+* ``chats``: ``n_chats`` chats of ``turns`` turns sharing one system prompt, each on its own
+  topic (the chats' common prefix: 250 tokens of the default model).
 * ``fleet``: agents in two groups, each group sharing a system prompt that lists its tools
-  (about 430 and 390 tokens: this model's template does not render a ``tools`` argument, so
-  the tool list is part of the system prompt, as in a prompt-engineered agent), each agent on
-  its own task, two turns.
+  (common prefixes of 284 and 257 tokens: this model's template does not render a ``tools``
+  argument, so the tool list is part of the system prompt, as in a prompt-engineered agent),
+  each agent on its own task, two turns.
 """
 
 from __future__ import annotations
