@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import array
+import random
 
 import numpy as np
 import pytest
@@ -101,3 +102,14 @@ def test_row_key_covers_namespace_and_every_token() -> None:
     assert k != row_key(ns, [1, 2])
     assert k != row_key(ns, [1, 2, 4])
     assert k != row_key(CacheNamespace(FP, scope="x").digest(), [1, 2, 3])
+
+
+def test_common_tokens_counts_whole_agreeing_token_ids() -> None:
+    rng = random.Random(5)
+    for _ in range(300):
+        a = [rng.randrange(3) for _ in range(rng.randrange(40))]
+        b = a[:rng.randrange(len(a) + 1)] + [rng.randrange(3) for _ in range(rng.randrange(10))]
+        expected = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        assert keys.common_tokens(token_bytes(a), token_bytes(b)) == expected
+    # ids that differ only in a high byte agree in three of their four bytes: still no match
+    assert keys.common_tokens(token_bytes([1, 2, 1 << 24]), token_bytes([1, 2, 2 << 24])) == 2

@@ -204,7 +204,7 @@ class ChunkCatalog:
         rest = raw[4 * n:]
         agree, inside, used = 0, None, -1  # the longest agreement; of equal ones, the chunk used last
         for k in self.kids.get(chain[-1] if chain else namespace, ()):
-            common, seq = _common_tokens(self.chunks[k].tokens, rest), self.chunks[k].stats.seq
+            common, seq = keys.common_tokens(self.chunks[k].tokens, rest), self.chunks[k].stats.seq
             if common > 0 and (common, seq) > (agree, used):
                 agree, inside, used = common, k, seq
         if inside is not None:
@@ -233,12 +233,3 @@ class ChunkCatalog:
                         "bytes": sum(self.chunks[k].size for k in served_by), "own_bytes": own,
                         "reason": m.reason.name.lower(), "pinned": m.pinned})
         return out
-
-
-def _common_tokens(a: bytes, b: bytes) -> int:
-    """How many leading token ids (4 bytes each) two token byte strings share."""
-    n = min(len(a), len(b)) // 4
-    lo = 0
-    while lo < n and a[4 * lo:4 * lo + 4] == b[4 * lo:4 * lo + 4]:
-        lo += 1
-    return lo

@@ -120,6 +120,18 @@ def _normalise_kv_params(
     return tuple(sorted(items))
 
 
+def common_tokens(a: bytes, b: bytes) -> int:
+    """How many leading token ids (4 bytes each) two token byte strings share."""
+    lo, hi = 0, min(len(a), len(b)) // 4
+    while lo < hi:  # the longest agreeing prefix, by halving (each test one memcmp)
+        mid = (lo + hi + 1) // 2
+        if a[:4 * mid] == b[:4 * mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
 def token_bytes(tokens: Tokens) -> bytes:
     """Token ids as int32 little-endian bytes (bytes-like input is taken as already encoded)."""
     if isinstance(tokens, (bytes, bytearray, memoryview)):

@@ -35,6 +35,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from workbench.cache import keys
 from workbench.cache.chunk_format import chunk_file_size, manifest_size
 from workbench.cache.policies import EvictionPolicy
 from workbench.cache.prefix_index import PrefixIndex
@@ -259,7 +260,7 @@ class ChunkSimCache:
         """Leading tokens a chunk shares with the prompt's chunk at the same place."""
         got = self._agree.get((key, rest))
         if got is None:
-            got = self._agree[(key, rest)] = common_tokens(self.tree.raw[key], self.tree.raw[rest])
+            got = self._agree[(key, rest)] = keys.common_tokens(self.tree.raw[key], self.tree.raw[rest])
         return got
 
     def _make_room(self, need: int, keep: set[str], now: float) -> bool:
@@ -378,15 +379,3 @@ class ChunkSimCache:
     def _tick(self) -> int:
         self._seq += 1
         return self._seq
-
-
-def common_tokens(a: bytes, b: bytes) -> int:
-    """How many leading token ids (4 bytes each) two token byte strings share."""
-    lo, hi = 0, min(len(a), len(b)) // 4
-    while lo < hi:   # the longest agreeing prefix, by halving (each test one memcmp)
-        mid = (lo + hi + 1) // 2
-        if a[:4 * mid] == b[:4 * mid]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
