@@ -4,13 +4,18 @@ opaque), the engine's side is tests/integration/test_cache_chunked_engine.py."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 import workbench as wb
 from workbench.cache import CacheNamespace, CorruptReason, SaveReason
 from workbench.cache import keys
+from workbench.cache.chunk_backends import ChunkDir
 from workbench.cache.chunk_store import ChunkStore
+from workbench.cache.chunk_tiers import ChunkTier
 from workbench.cache.chunked import ChunkedCache
+from workbench.cache.policies import get_policy
 from workbench.errors import InvalidOption
 from workbench.notebook import views
 
@@ -140,3 +145,24 @@ def test_configure_cache_validates_the_storage_options(tmp_path):
         wb.configure_cache([{"kind": "ram"}])
     with pytest.raises(InvalidOption, match="storage"):
         wb.cache_chunks()
+
+
+def test_a_live_mark_taken_off_while_the_save_is_queued_holds_when_it_lands(tmp_path):
+    """end_session while its session's last save is still being written: the row must not
+    land live (its chunks protected for ever)."""
+    release = threading.Event()
+
+    class SlowDir(ChunkDir):
+        def write_chunk(self, meta, payload):
+            assert release.wait(30)
+            return super().write_chunk(meta, payload)
+
+    c = ChunkedCache(ChunkStore(tiers=[ChunkTier(SlowDir(tmp_path / "d"), None, get_policy("lru"))], chunk_size=CS))
+    tokens = list(range(6))
+    assert c.put_async(NS, tokens, pieces(NS, tokens, 0), SaveReason.FINISH, live=True)
+    key = keys.row_key(NS.digest(), tokens)
+    assert key not in c and c.set_live(key, False)  # deferred: the save is queued
+    release.set()
+    assert c.wait_for_saves(10)
+    assert [(r["key"], r["live"]) for r in c.rows()] == [(key, False)]
+    c.close()

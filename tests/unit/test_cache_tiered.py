@@ -379,3 +379,24 @@ def test_a_scan_racing_a_put_does_not_adopt_the_row_being_committed(tmp_path: Pa
     (row,) = cache.rows()
     assert row["live"] is True
     assert cache.counters()["bytes_disk"] == (tmp_path / "disk" / f"{key}.kv").stat().st_size
+
+
+def test_a_live_mark_taken_off_while_the_save_is_queued_holds_when_it_lands(tmp_path: Path) -> None:
+    """end_session while its session's last save is still being written: the row must not
+    land live (protected from eviction for ever)."""
+    release = threading.Event()
+
+    class SlowDisk(DiskTier):
+        def write(self, meta, payload):  # type: ignore[no-untyped-def]
+            release.wait(10)
+            return super().write(meta, payload)
+
+    cache = TieredCache([SlowDisk("disk", tmp_path / "disk", None)], policy="lru")
+    ns, tokens = CacheNamespace("ab" * 32), [4, 5, 6]
+    assert cache.put_async(ns, tokens, b"p" * 64, live=True)
+    key = keys.row_key(ns.digest(), tokens)
+    assert key not in cache and cache.set_live(key, False)  # deferred: the save is queued
+    release.set()
+    assert cache.wait_for_saves(10)
+    (row,) = cache.rows()
+    assert row["key"] == key and row["live"] is False

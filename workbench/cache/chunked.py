@@ -84,6 +84,7 @@ class ChunkedCache(QueuedSaves):
         self._counters = store.counters
         self._catalog = _Prefixes(store)
         self._queued: dict[str, tuple[bytes, bytes, threading.Event]] = {}
+        self._live_wanted: dict[str, bool] = {}
         self._saves: SaveQueue | None = None
         self._save_workers = save_workers
         self._max_pending = max_pending_saves
@@ -234,8 +235,9 @@ class ChunkedCache(QueuedSaves):
             return was
 
     def set_live(self, key: str, live: bool = True) -> bool:
+        """As ``TieredCache.set_live``: a row whose save is queued gets the mark when it lands."""
         with self._lock:
-            return self._store.set_live(key, live)
+            return self._store.set_live(key, live) or self.defer_live(key, live)
 
     # -- views -----------------------------------------------------------------------------
     def rows(self) -> list[dict[str, Any]]:

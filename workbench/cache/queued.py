@@ -33,12 +33,14 @@ class QueuedSaves:
     _counters: Counters
     _catalog: StoredPrefixes
     _queued: dict[str, tuple[bytes, bytes, threading.Event]]
+    _live_wanted: dict[str, bool]
     _saves: SaveQueue | None
     _save_workers: int
     _max_pending: int
     put: Any
     lookup: Any
     match_key: Any
+    set_live: Any
 
     def put_async(self, namespace: CacheNamespace, tokens: Tokens, payload: Any,
                   reason: SaveReason | str = SaveReason.FINISH, **kwargs: Any) -> bool:
@@ -71,7 +73,19 @@ class QueuedSaves:
             with self._lock:
                 if self._queued.get(key, (None, None, None))[2] is done:
                     del self._queued[key]
+                wanted = self._live_wanted.pop(key, None)
+                if wanted is not None:
+                    self.set_live(key, wanted)
         done.set()
+
+    def defer_live(self, key: str, live: bool) -> bool:
+        """For a row not held yet (called under the host's lock): when a save of it is queued,
+        keep the live mark for when it lands and return True. A session ended while its last
+        save is still queued must not leave that row live (protected) for ever."""
+        if key not in self._queued:
+            return False
+        self._live_wanted[key] = live
+        return True
 
     def wait_for_queued(self, namespace: CacheNamespace | bytes, tokens: Tokens, key: str | None = None,
                         timeout: float = 0.5) -> bool:

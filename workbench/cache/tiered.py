@@ -59,6 +59,7 @@ class TieredCache(QueuedSaves):
         self._inflight: dict[str, tuple[bytes, bytes]] = {}  # puts being written: (ns, tokens)
         # put_async rows not stored yet: key -> (ns, tokens, set when stored or given up)
         self._queued: dict[str, tuple[bytes, bytes, threading.Event]] = {}
+        self._live_wanted: dict[str, bool] = {}
         self._default_policy = policy
         self._clock = clock
         self._save_workers = save_workers
@@ -305,11 +306,12 @@ class TieredCache(QueuedSaves):
             return self._catalog.unpin(key)
 
     def set_live(self, key: str, live: bool = True) -> bool:
-        """Mark a row as the KV of a live session (protected from eviction while live)."""
+        """Mark a row as the KV of a live session (protected from eviction while live); a
+        row whose save is queued gets the mark when it lands."""
         with self._lock:
             entry = self._catalog.get(key)
             if entry is None:
-                return False
+                return self.defer_live(key, live)
             entry.stats.live = live
             return True
 
