@@ -27,8 +27,6 @@ from dataclasses import dataclass, field
 from workbench.cache.keys import chunk_keys
 from workbench.lab.traces import Trace
 
-DEFAULT_CHUNK_SIZE = 256  # tokens, the real cache's default
-
 
 @dataclass(slots=True)
 class ChunkTree:

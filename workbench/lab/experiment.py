@@ -34,9 +34,9 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from workbench.cache.chunk_store import DEFAULT_CHUNK_SIZE  # the lab replays the real cache's default
 from workbench.cache.policies import EvictionPolicy, PolicySpec, get_policy
 from workbench.cache.types import HitKind
-from workbench.lab.chunks import DEFAULT_CHUNK_SIZE
 from workbench.lab.plan import SAVE_KINDS, Plan, build_plan, check_saves, run_plan
 from workbench.lab.simcache import ranking_mode
 from workbench.lab.traces import Trace
