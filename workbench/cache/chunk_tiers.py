@@ -23,12 +23,8 @@ from typing import Any
 from workbench.cache.chunk_backends import ChunkDir, ChunkMemory
 from workbench.cache.chunk_catalog import ChunkInfo
 from workbench.cache.chunk_format import ChunkMeta
-from workbench.cache.policies import EvictionPolicy, PolicySpec, get_policy
+from workbench.cache.policies import EvictionPolicy, bind_hooks, PolicySpec, get_policy
 from workbench.cache.types import RowStats
-
-
-def _noop(row: RowStats) -> None:
-    return None
 
 
 class ChunkTier:
@@ -45,15 +41,8 @@ class ChunkTier:
         self.sizes: dict[bytes, int] = {}
         self.used = 0
         self.reserved = 0
-        self._admit = getattr(policy, "on_admit", None) or _noop
-        self._insert = getattr(policy, "on_insert", None) or _noop
-        self._hit = getattr(policy, "on_hit", None) or _noop
-        self._evict = getattr(policy, "on_evict", None) or _noop
-        self._remove = getattr(policy, "on_remove", None) or _noop
-        self._victim: Callable[..., str | None] | None = getattr(policy, "victim", None)
-        set_capacity = getattr(policy, "set_capacity", None)
-        if set_capacity is not None:
-            set_capacity(budget)
+        (self._admit, self._insert, self._hit, self._evict, self._remove,
+         self._victim) = bind_hooks(policy, budget)
 
     @classmethod
     def memory(cls, name: str, budget: int | None, policy: PolicySpec) -> ChunkTier:

@@ -8,16 +8,12 @@ tiered cache calls it under its lock.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-from workbench.cache.policies import EvictionPolicy
+from workbench.cache.policies import EvictionPolicy, bind_hooks
 from workbench.cache.tiers import Tier
 from workbench.cache.types import RowStats
-
-
-def _noop(row: RowStats) -> None:
-    return None
 
 
 def _never(key: str) -> bool:
@@ -33,15 +29,8 @@ class Level:
         self.sizes: dict[str, int] = {}
         self.used = 0
         self.reserved = 0
-        self._admit = getattr(policy, "on_admit", None) or _noop
-        self._insert = getattr(policy, "on_insert", None) or _noop
-        self._hit = getattr(policy, "on_hit", None) or _noop
-        self._evict = getattr(policy, "on_evict", None) or _noop
-        self._remove = getattr(policy, "on_remove", None) or _noop
-        self._victim: Callable[..., str | None] | None = getattr(policy, "victim", None)
-        set_capacity = getattr(policy, "set_capacity", None)
-        if set_capacity is not None:
-            set_capacity(tier.budget_bytes)
+        (self._admit, self._insert, self._hit, self._evict, self._remove,
+         self._victim) = bind_hooks(policy, tier.budget_bytes)
 
     @property
     def name(self) -> str:

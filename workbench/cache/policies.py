@@ -146,6 +146,26 @@ PolicySpec = str | EvictionPolicy | type | PriorityFn
 DEFAULT_POLICY = "lru"
 
 
+Hook = Callable[[RowStats], None]
+Victim = Callable[..., "str | None"]
+
+
+def _noop(row: RowStats) -> None:
+    return None
+
+
+def bind_hooks(policy: EvictionPolicy, budget: int | None) -> tuple[Hook, Hook, Hook, Hook, Hook, Victim | None]:
+    """A tier's view of its policy's optional hooks: (on_admit, on_insert, on_hit, on_evict,
+    on_remove), a no-op for each the policy lacks, and its ``victim`` or None; tells the
+    policy the tier's budget (``set_capacity``) when it asks for it."""
+    hooks = tuple(getattr(policy, name, None) or _noop
+                  for name in ("on_admit", "on_insert", "on_hit", "on_evict", "on_remove"))
+    set_capacity = getattr(policy, "set_capacity", None)
+    if set_capacity is not None:
+        set_capacity(budget)
+    return (*hooks, getattr(policy, "victim", None))  # type: ignore[return-value]
+
+
 def get_policy(spec: PolicySpec) -> EvictionPolicy:
     """A policy from a registered name, an instance, a class, or a `(row, now)` function.
 
