@@ -166,3 +166,23 @@ def test_a_live_mark_taken_off_while_the_save_is_queued_holds_when_it_lands(tmp_
     assert c.wait_for_saves(10)
     assert [(r["key"], r["live"]) for r in c.rows()] == [(key, False)]
     c.close()
+
+
+def test_rows_are_one_snapshot_with_now_and_seq(tmp_path):
+    """As TieredCache.rows(): one clock reading for every row and the view's ages from it."""
+    readings = []
+
+    def clock() -> float:
+        readings.append(1000.0 + len(readings))
+        return readings[-1]
+
+    c = ChunkedCache(ChunkStore(tiers=[ChunkTier.memory("ram", None, "lru")], chunk_size=CS, clock=clock))
+    for n in (5, 9, 13):
+        save(c, list(range(n)))
+    before = len(readings)
+    rows = c.rows()
+    assert len(readings) == before + 1 and {r["now"] for r in rows} == {readings[-1]}
+    assert len({r["seq"] for r in rows}) == 3
+    df = views.cache_rows(c)
+    assert (df["age_s"] == readings[-1] - df["created_at"]).all()
+    c.close()

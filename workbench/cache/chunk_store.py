@@ -322,10 +322,11 @@ class ChunkStore(ChunkCatalog):
             source.backend.delete_chunk(key)
         self.used -= info.size
 
-    def score(self, info: ChunkInfo) -> float:
-        """The chunk's priority under the policy of the top tier holding it."""
+    def score(self, info: ChunkInfo, now: float | None = None) -> float:
+        """The chunk's priority under the policy of the top tier holding it, at ``now``
+        (default: the store's clock now)."""
         tier = self.top_tier(info.key) or self.tiers[-1]
-        return tier.policy.priority(info.stats, self.clock())
+        return tier.policy.priority(info.stats, self.clock() if now is None else now)
 
     def evict_bytes(self, n: int, tier: str | None = None) -> int:
         """Evict from ``tier`` (default: the last, where chunks leave the cache, leaves

@@ -21,8 +21,10 @@ def tier_of(store: ChunkStore, chunks: Sequence[bytes]) -> str | None:
 def row_dicts(store: ChunkStore, row_hits: dict[str, tuple[int, float]]) -> list[dict[str, Any]]:
     """One dict per row: the row cache's columns (its ``score`` is the score of its last
     chunk, the one eviction takes first; ``tiers`` every tier holding one of its chunks),
-    n_chunks and own_bytes (chunks no other row uses)."""
-    out = []
+    n_chunks and own_bytes (chunks no other row uses). One clock reading for every row
+    (``now``, also each score's); ``seq``: the last chunk's logical access clock, which
+    breaks ties in eviction order."""
+    out, now = [], store.clock()
     for key, m in store.rows.items():
         served_by = store.row_chunks[key]
         infos = [store.chunks[k] for k in served_by]
@@ -34,7 +36,8 @@ def row_dicts(store: ChunkStore, row_hits: dict[str, tuple[int, float]]) -> list
             "n_chunks": len(served_by), "tier": tier_of(store, served_by),
             "tiers": [t.name for t in store.tiers if t.name in held],
             "reason": m.reason.name.lower(), "hits": hits, "last_hit_at": last, "created_at": m.created_at,
-            "pinned": m.pinned, "live": key in store.live, "score": store.score(infos[-1]),
+            "pinned": m.pinned, "live": key in store.live, "score": store.score(infos[-1], now),
+            "now": now, "seq": infos[-1].stats.seq,
         })
     return out
 
