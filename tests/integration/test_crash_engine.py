@@ -122,26 +122,33 @@ def check(model_path: Path, shm: Path, disk: Path) -> dict:
     return out
 
 
-def test_sigkill_while_the_engine_saves_to_shm_and_disk(model_path, tier_roots):
-    shm, disk = tier_roots
-    rng = random.Random(int(os.environ.get("WORKBENCH_CRASH_SEED", "20240610")))
+def kill_and_check(writer: str, check_fn, model_path, shm, disk, default_seed: str) -> dict:
+    """KILLS SIGKILLs of `writer` at random moments (one in five during start-up: the scan,
+    the model load; the rest mid-work), `check_fn` every CHECK_EVERY kills and at the end;
+    the last check's figures."""
+    rng = random.Random(int(os.environ.get("WORKBENCH_CRASH_SEED", default_seed)))
     start = time.monotonic()
     results = []
     tmp_seen = 0  # tmp files present right after a kill (each removed by the next scan)
     for i in range(KILLS):
-        # mostly mid-work; one in five during start-up (the scan, the model load)
         early = i % 5 == 0
-        status = kill_at_random(WRITER, [str(model_path), str(shm), str(disk), str(i)], rng,
+        status = kill_at_random(writer, [str(model_path), str(shm), str(disk), str(i)], rng,
                                 min_delay_s=0.0 if early else 0.6, max_delay_s=0.6 if early else 2.2)
         assert status == -signal.SIGKILL, f"the writer died on its own with status {status}"
         tmp_seen += len(tmp_files(shm, disk))
         if (i + 1) % CHECK_EVERY == 0 and i + 1 < KILLS:
-            results.append(check(model_path, shm, disk))
-    results.append(check(model_path, shm, disk))
+            results.append(check_fn(model_path, shm, disk))
+    results.append(check_fn(model_path, shm, disk))
     final = results[-1]
     assert final["rows"] > 0 and final["checked"] > 0, final
     print(f"{KILLS} kills in {time.monotonic() - start:.0f} s, {tmp_seen} tmp files left by kills; "
           f"last check: {final}")
+    return final
+
+
+def test_sigkill_while_the_engine_saves_to_shm_and_disk(model_path, tier_roots):
+    shm, disk = tier_roots
+    kill_and_check(WRITER, check, model_path, shm, disk, "20240610")
 
 
 # --- the same over chunk storage: shm and disk chunk tiers ---------------------------------
@@ -229,22 +236,6 @@ def test_sigkill_while_the_engine_saves_chunks_to_shm_and_disk(model_path, tier_
     disk tier one at a time as shm fills, evicted from disk leaves first, manifests on disk;
     killed at random, then a fresh process re-adopts chains that span both tiers."""
     shm, disk = tier_roots
-    rng = random.Random(int(os.environ.get("WORKBENCH_CRASH_SEED", "20261202")))
-    start = time.monotonic()
-    results = []
-    tmp_seen = 0
     run_until_both_tiers_hold_chunks(model_path, shm, disk)
-    for i in range(KILLS):
-        early = i % 5 == 0
-        status = kill_at_random(CHUNK_WRITER, [str(model_path), str(shm), str(disk), str(i)], rng,
-                                min_delay_s=0.0 if early else 0.6, max_delay_s=0.6 if early else 2.2)
-        assert status == -signal.SIGKILL, f"the writer died on its own with status {status}"
-        tmp_seen += len(tmp_files(shm, disk))
-        if (i + 1) % CHECK_EVERY == 0 and i + 1 < KILLS:
-            results.append(check_chunks(model_path, shm, disk))
-    results.append(check_chunks(model_path, shm, disk))
-    final = results[-1]
-    assert final["rows"] > 0 and final["checked"] > 0, final
+    final = kill_and_check(CHUNK_WRITER, check_chunks, model_path, shm, disk, "20261202")
     assert final["chunks_by_tier"]["shm"] > 0 and final["chunks_by_tier"]["disk"] > 0, final  # chains span both
-    print(f"{KILLS} kills in {time.monotonic() - start:.0f} s, {tmp_seen} tmp files left by kills; "
-          f"last check: {final}")
