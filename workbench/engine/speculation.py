@@ -147,12 +147,11 @@ class SpecState:
         """Up to the policy's length (0: none asked for); a draft under n_min is none. On a
         plain step a cheap drafter may be asked for a shadow draft, checked later against
         what the target emits (``policy.observe_shadow``) and never verified."""
-        emitted = history + [last] if self.shadow is not None else []
         if self.shadow is not None:
-            self._settle(emitted, final=False)
+            self._settle(history, last, final=False)
         self.asked, self.step_draft_s = self.policy.next_length(cap), 0.0
         if self.shadow is not None and self.asked:
-            self._settle(emitted, final=True)
+            self._settle(history, last, final=True)
         n = self.asked or (self.policy.shadow_length(cap) if self.drafter.cheap and self.shadow is None else 0)
         if n == 0:
             return []
@@ -165,12 +164,14 @@ class SpecState:
             return []
         return tokens if len(tokens) >= self.policy.n_min else []
 
-    def _settle(self, emitted: list[int], final: bool) -> None:
+    def _settle(self, history: list[int], last: int, final: bool) -> None:
         """Tell the policy how much of the shadow draft the reply matched, once it has left
-        the draft or passed its end (``final``: now, with what the reply has reached)."""
+        the draft or passed its end (``final``: now, with what the reply has reached). Only
+        the tokens since the draft are copied, not the whole context (a plain step's cost)."""
         assert self.shadow is not None
         start, tokens = self.shadow
-        seen, matched = shadow_match(emitted, start, tokens)
+        since = history[start:] + [last] if start <= len(history) else []  # (history + [last])[start:]
+        seen, matched = shadow_match(since, 0, tokens)
         if not final and matched == seen < len(tokens):
             return
         self.policy.observe_shadow(seen, matched)
