@@ -1,9 +1,10 @@
 """Public calls over the shared KV prefix cache: tiers, rows, chunks, eviction.
 
 The cache is process-wide (every loaded model uses it; rows are keyed by model
-fingerprint, KV layout and cache scope). It starts with one RAM tier of 1 GiB; add shm and
-disk tiers with :func:`add_tier`, or replace the whole stack with :func:`configure_cache`
-(``storage='chunks'``: rows as manifests over shared KV chunks, opt-in; docs/cache.md).
+fingerprint, KV layout and cache scope). It starts with one RAM tier of 1 GiB in chunk storage (rows as manifests over
+shared KV chunks of 64 positions); add shm and disk tiers with :func:`add_tier`, or replace
+the whole stack with :func:`configure_cache` (``storage='rows'``: each row one whole
+llama.cpp state; docs/cache.md, "Chunk storage in the engine").
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 
 from .cache import DEFAULT_POLICY, TieredCache, get_policy
 from .cache import shared
+from .cache.chunk_tier_admin import fill_roots
 from .cache.chunked import ChunkedCache
 from .errors import InvalidOption
 from .options import check_bool, check_int, check_number
@@ -26,7 +28,7 @@ CHUNK_SIZE_MIN, CHUNK_SIZE_MAX = 16, 8192
 
 
 def configure_cache(tiers: Sequence[Mapping[str, Any]], policy: Any = DEFAULT_POLICY, writer_workers: int | None = None,
-                    writer_queue: int | None = None, storage: str = "rows",
+                    writer_queue: int | None = None, storage: str = "chunks",
                     chunk_size: int = shared.DEFAULT_CHUNK_SIZE) -> dict[str, Any]:
     """Replace the cache with these tiers (fastest first), e.g.
     ``[{'kind': 'ram', 'budget_bytes': 2**30}, {'kind': 'shm', 'budget_bytes': 4 * 2**30},
@@ -36,13 +38,14 @@ def configure_cache(tiers: Sequence[Mapping[str, Any]], policy: Any = DEFAULT_PO
     running (a save past that is dropped and counted as saves_dropped); None = the cache's
     defaults (2 and 8, TieredCache).
 
-    ``storage``: ``'rows'`` (the default: each row a whole llama.cpp state) or ``'chunks'``
-    (each row a manifest over KV chunks of ``chunk_size`` positions, 16..8192, shared by
-    every row with the same prefix; tiers: at most one of each kind, ``ram``, ``shm``,
-    ``disk`` in that order, each with its budget and policy, shm and disk each with a
-    ``root`` of its own; a RAM tier alone keeps the chunks in memory, above shm or disk it
-    holds copies of their chunks; chunks are demoted and promoted between the tiers one at
-    a time: docs/cache.md, "Chunked storage")."""
+    ``storage``: ``'chunks'`` (the default: each row a manifest over KV chunks of
+    ``chunk_size`` positions, 16..8192, shared by every row with the same prefix; tiers: at
+    most one of each kind, ``ram``, ``shm``, ``disk`` in that order, each with its budget
+    and policy, shm and disk each in a directory of its own, by default beside the row
+    tiers' (``chunk_tier_admin.default_root``); a RAM tier alone keeps the chunks in memory,
+    above shm or disk it holds copies of their chunks; chunks are demoted and promoted
+    between the tiers one at a time: docs/cache.md, "Chunked storage") or ``'rows'`` (each
+    row a whole llama.cpp state, in any number of tiers)."""
     one_of(*shared.STORAGES)("storage", storage, "cache")
     check_int("chunk_size", chunk_size, CHUNK_SIZE_MIN, CHUNK_SIZE_MAX, where="cache")
     if isinstance(tiers, (Mapping, str, bytes)) or not isinstance(tiers, Sequence) or not tiers:
@@ -53,6 +56,8 @@ def configure_cache(tiers: Sequence[Mapping[str, Any]], policy: Any = DEFAULT_PO
     for i, spec in enumerate(tiers):
         if isinstance(spec, Mapping):
             _check_tier_names(f"tiers[{i}].", spec.get("name"), spec.get("policy"))
+    if storage == "chunks":
+        tiers = fill_roots(tiers)
     return shared.configure(tiers, policy, writer_workers, writer_queue, storage, chunk_size).info()
 
 
@@ -75,37 +80,32 @@ def _check_tier_names(prefix: str, name: Any, policy: Any) -> None:
 
 def add_tier(kind: str, name: str | None = None, root: str | None = None,
              budget_bytes: int | None = None, policy: Any = None, position: int | None = None) -> dict[str, Any]:
-    """Add a tier below the others (or at ``position``); a persistent one is scanned."""
+    """Add a tier below the others (or at ``position``); a persistent one is scanned. In
+    chunk storage a tier goes to its kind's place (ram, shm, disk; one of each), and a shm or
+    disk tier added under a lone RAM tier first takes RAM's chunks (docs/cache.md)."""
     _check_tier_names("", name, policy)
     check_int("position", position, 0, len(list_tiers()), none_ok=True)
     spec = {"kind": kind, "name": name, "root": root, "budget_bytes": budget_bytes, "policy": policy}
-    cache = _row_cache()
-    tier = shared.make_tier({k: v for k, v in spec.items() if v is not None})
+    cache = shared.shared_cache()
+    spec = {k: v for k, v in spec.items() if v is not None}
+    tier = shared.make_tier(fill_roots([spec])[0] if isinstance(cache, ChunkedCache) else spec)
     try:
         cache.add_tier(tier, policy, position=position)
     except ValueError as e:
         raise InvalidOption("name", tier.name, f"a tier name not in use ({e})", "tier") from None
-    if tier.persistent:
+    if tier.persistent and isinstance(cache, TieredCache):
         cache.scan()
     return next(t for t in cache.list_tiers() if t["name"] == tier.name)
 
 
 def remove_tier(name: str, purge: bool = False) -> int:
-    """Detach a tier; returns the rows that left the cache (files stay unless ``purge``)."""
+    """Detach a tier; returns the rows that left the cache (files stay unless ``purge``). In
+    chunk storage the chunks no other tier holds leave, with the rows naming them; the last
+    tier stays (docs/cache.md)."""
     check_bool("purge", purge)
-    cache = _row_cache()
+    cache = shared.shared_cache()
     _tier_name(cache, name)
     return cache.remove_tier(name, purge=purge)
-
-
-def _row_cache() -> TieredCache:
-    """The shared cache when it stores whole rows: a chunked cache's tiers are fixed by
-    configure_cache."""
-    cache = shared.shared_cache()
-    if not isinstance(cache, TieredCache):
-        raise InvalidOption("storage", "chunks", "row storage to add or remove tiers (a chunked cache's "
-                            "tiers are set by configure_cache)", "cache")
-    return cache
 
 
 def _chunked_cache() -> ChunkedCache:

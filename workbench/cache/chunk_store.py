@@ -55,7 +55,7 @@ from workbench.cache.format import CorruptReason, CorruptRow
 from workbench.cache.policies import DEFAULT_POLICY, EvictionPolicy, PolicySpec
 from workbench.cache.types import SaveReason
 
-DEFAULT_CHUNK_SIZE = 256
+DEFAULT_CHUNK_SIZE = 64  # docs/cache.md, "Choosing the chunk size"
 
 
 def one_store_tiers(root: str | os.PathLike[str] | None, budget_bytes: int | None, policy: PolicySpec,

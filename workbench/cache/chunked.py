@@ -1,8 +1,8 @@
 """ChunkedCache: the chunked KV cache (issue 14) behind the calls the engine and cache_admin
 make of the prefix cache, over one :class:`~workbench.cache.chunk_store.ChunkStore`.
 
-Selected by ``configure_cache(storage='chunks', chunk_size=...)``; the default storage is
-still whole rows (``TieredCache``). What differs from the row cache:
+The default storage (``configure_cache(storage='chunks', chunk_size=...)``; whole rows,
+``TieredCache``, with ``storage='rows'``). What differs from the row cache:
 
 * ``put`` takes the payloads of a row's chunks from ``missing()`` on (the engine cuts only
   those out of llama.cpp), not one state; ``lookup`` / ``match_key`` return a
@@ -29,23 +29,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from workbench.cache import keys
+from workbench.cache import chunk_tier_admin
 from workbench.cache.chunk_store import ChunkStore
+from workbench.cache.chunk_tier_admin import CHUNK_TIERS, in_order, to_chunk_tier
 from workbench.cache.chunk_tier_views import row_dicts, tier_dicts, tier_of
-from workbench.cache.chunk_tiers import ChunkTier
 from workbench.cache.format import CorruptReason, CorruptRow
 from workbench.cache.keys import CacheNamespace, Tokens
-from workbench.cache.policies import PolicySpec
+from workbench.cache.policies import DEFAULT_POLICY, PolicySpec
 from workbench.cache.queued import QueuedSaves
 from workbench.cache.save_queue import SaveQueue
-from workbench.cache.tiers import FileTier, RamTier, Tier
+from workbench.cache.tiers import Tier
 from workbench.cache.types import HitKind, SaveReason
 from workbench.errors import InvalidOption
-
-#: What chunk storage accepts as tiers (the message of InvalidOption otherwise).
-CHUNK_TIERS = ("at most one tier of each kind, fastest first: ram, shm, disk (a RAM tier alone keeps the chunks "
-               "in memory; above shm or disk it holds copies of their chunks); shm and disk each with a root of "
-               "its own")
-_KIND_ORDER = {"ram": 0, "shm": 1, "disk": 2}
 
 
 @dataclass(slots=True, frozen=True)
@@ -89,6 +84,7 @@ class ChunkedCache(QueuedSaves):
         self._save_workers = save_workers
         self._max_pending = max_pending_saves
         self._row_hits: dict[str, tuple[int, float]] = {}  # row -> (hits, last hit)
+        self.default_policy: PolicySpec = DEFAULT_POLICY  # an added tier's policy when it names none
 
     @property
     def chunk_size(self) -> int:
@@ -98,6 +94,20 @@ class ChunkedCache(QueuedSaves):
         """Adopt what the persistent tiers hold (start-up); rejected files by reason."""
         with self._lock:
             return self._store.scan()
+
+    def add_tier(self, tier: Tier, policy: PolicySpec | None = None, *, position: int | None = None) -> None:
+        """Add a tier at its kind's place (chunk_tier_admin.py: RAM's lone chunks are first
+        written to a persistent tier added under it); a persistent one is scanned."""
+        chunk_tier = to_chunk_tier(tier, self.default_policy if policy is None else policy)
+        self.wait_for_saves(chunk_tier_admin.BUSY_S)
+        chunk_tier_admin.add_tier(self._store, chunk_tier, position)
+        if chunk_tier.persistent:
+            self.scan()
+
+    def remove_tier(self, name: str, *, purge: bool = False) -> int:
+        """Detach a tier (chunk_tier_admin.py); returns how many rows left the cache."""
+        self.wait_for_saves(chunk_tier_admin.BUSY_S)
+        return chunk_tier_admin.remove_tier(self._store, name, purge)
 
     # -- rows ------------------------------------------------------------------------------
     def missing(self, namespace: CacheNamespace, tokens: Tokens) -> int:
@@ -289,20 +299,13 @@ def chunked_cache(tiers: Sequence[tuple[Tier, PolicySpec | None]], policy: Polic
     """A chunked cache over these tiers (``shared.make_tier``'s, fastest first, each with its
     policy or None for ``policy``): RAM tiers in memory, shm and disk tiers as directories
     with their budgets. InvalidOption for an order chunk storage does not take (CHUNK_TIERS)."""
-    ranks = [_KIND_ORDER.get(t.kind, -1) for t, _ in tiers]
-    if -1 in ranks or ranks != sorted(set(ranks)):
+    if not in_order([t.kind for t, _ in tiers]):
         raise InvalidOption("tiers", [t.name for t, _ in tiers], CHUNK_TIERS, "cache")
-    built = []
-    for tier, own in tiers:
-        chosen = policy if own is None else own
-        if isinstance(tier, RamTier):
-            built.append(ChunkTier.memory(tier.name, tier.budget_bytes, chosen))
-        elif isinstance(tier, FileTier):
-            built.append(ChunkTier.directory(tier.root, tier.name, tier.budget_bytes, chosen, kind=tier.kind))
-        else:
-            raise InvalidOption("tiers", tier.name, CHUNK_TIERS, "cache")
+    built = [to_chunk_tier(tier, policy if own is None else own) for tier, own in tiers]
     try:
         store = ChunkStore(tiers=built, chunk_size=chunk_size)
     except ValueError as e:
         raise InvalidOption("tiers", [t.name for t, _ in tiers], f"{CHUNK_TIERS} ({e})", "cache") from None
-    return ChunkedCache(store, **pool)
+    cache = ChunkedCache(store, **pool)
+    cache.default_policy = policy
+    return cache
