@@ -191,21 +191,37 @@ def scan_dir(
             else:
                 report.tmp_kept += 1
             continue
-        if not name.endswith(ROW_SUFFIX):
-            continue
-        try:  # read_row refuses a FIFO, symlink, device or directory under a row's name
-            row = read_row(entry.path, verify=verify_payload, expected_fingerprint=expected_fingerprint,
-                           load_payload=False, max_payload=max_payload)
-            if name != f"{row.meta.key}{ROW_SUFFIX}":
-                raise CorruptRow(CorruptReason.KEY_MISMATCH, f"file {name} holds {row.meta.key}")
-        except CorruptRow as exc:
-            unlink_quietly(entry.path)
-            report.rejected[exc.reason.value] = report.rejected.get(exc.reason.value, 0) + 1
-            continue
-        except OSError:
-            continue  # vanished, or unreadable (permissions, I/O): not adopted, left alone
-        report.rows.append((row.meta, row_size(row.meta.n_tokens, row.payload_len)))
+        if name.endswith(ROW_SUFFIX):
+            _scan_row(root, name, report, verify_payload, expected_fingerprint, max_payload)
     return report
+
+
+def scan_files(root: Path, names: list[str], *, max_payload: int | None = None) -> ScanReport:
+    """Verify the row files `names` of `root` only (a peer published them since the last
+    look), as `scan_dir` verifies each; a name that is not a row file, or is no longer
+    there, is skipped."""
+    report = ScanReport()
+    for name in names:
+        if TMP_MARK not in name and name.endswith(ROW_SUFFIX) and os.sep not in name:
+            _scan_row(root, name, report, False, None, max_payload)
+    return report
+
+
+def _scan_row(root: Path, name: str, report: ScanReport, verify_payload: bool,
+              expected_fingerprint: bytes | None, max_payload: int | None) -> None:
+    path = root / name
+    try:  # read_row refuses a FIFO, symlink, device or directory under a row's name
+        row = read_row(path, verify=verify_payload, expected_fingerprint=expected_fingerprint,
+                       load_payload=False, max_payload=max_payload)
+        if name != f"{row.meta.key}{ROW_SUFFIX}":
+            raise CorruptRow(CorruptReason.KEY_MISMATCH, f"file {name} holds {row.meta.key}")
+    except CorruptRow as exc:
+        unlink_quietly(path)
+        report.rejected[exc.reason.value] = report.rejected.get(exc.reason.value, 0) + 1
+        return
+    except OSError:
+        return  # vanished, or unreadable (permissions, I/O): not adopted, left alone
+    report.rows.append((row.meta, row_size(row.meta.n_tokens, row.payload_len)))
 
 
 def is_orphan(entry: os.DirEntry[str], now: float, ttl: float) -> bool:

@@ -10,6 +10,8 @@ finds the row on disk), and demoting the row again later costs no write: a row e
 from a tier that has a copy further down just drops the upper copy. Budgets count every
 copy where it is stored.
 
+Scanning (the start-up `scan`, `adopt_files` of given names): row_scans.py.
+
 Concurrency: one RLock guards the catalog, the tier accounting and the policies. Payload
 I/O (writing row files, reading them back, copying demoted rows) runs outside it (see
 `placement`). A row being demoted is briefly in no tier; a `get` then returns None (a
@@ -34,12 +36,12 @@ from workbench.cache.placement import Job, TierStack
 from workbench.cache.policies import DEFAULT_POLICY, PolicySpec, get_policy
 from workbench.cache.queued import QueuedSaves
 from workbench.cache.save_queue import SaveQueue
-from workbench.cache.store import ScanReport
+from workbench.cache.row_scans import RowScans
 from workbench.cache.tiers import Detached, RowMissing, Tier
 from workbench.cache.types import HitKind, Match, RowStats, SaveReason
 
 
-class TieredCache(QueuedSaves):
+class TieredCache(RowScans, QueuedSaves):
     """Content-addressed KV prefix cache over ordered tiers; all methods are thread-safe."""
 
     def __init__(
@@ -101,33 +103,6 @@ class TieredCache(QueuedSaves):
     def list_tiers(self) -> list[dict[str, Any]]:
         with self._lock:
             return [level.describe() for level in self._stack.levels]
-
-    def scan(
-        self, *, verify_payload: bool = False, expected_fingerprint: bytes | None = None
-    ) -> dict[str, ScanReport]:
-        """Adopt the rows persistent tiers already hold (start-up); remove what fails to
-        verify and tmp orphans. Headers, tokens and sizes are checked here; payloads only
-        with `verify_payload`, since every read verifies its payload anyway (a corrupt one
-        is rejected and counted at its first read), so start-up costs the same with a full
-        tier as with an empty one. With `expected_fingerprint` (a tier dedicated to one
-        model), rows of other models are removed too. Pins come back from the row headers
-        (the newest pinned row of each namespace)."""
-        with self._lock:
-            levels = [level for level in self._stack.levels if level.tier.persistent]
-        reports: dict[str, ScanReport] = {}
-        for level in levels:
-            report = level.tier.scan(verify_payload=verify_payload, expected_fingerprint=expected_fingerprint)
-            reports[level.name] = report
-            for reason, n in report.rejected.items():
-                self._counters.inc(f"rejected_{reason}", n)
-            self._counters.inc("rejected_total", report.n_rejected)
-            self._counters.inc("orphans_removed", report.orphans_removed)
-            with self._lock:
-                for meta, size in sorted(report.rows, key=lambda r: r[0].created_at):
-                    self._adopt(level, meta, size)
-                jobs = self._stack.evict_from(level, level.overflow())
-            self._stack.run(jobs)
-        return reports
 
     # -- rows ------------------------------------------------------------------------------
     def put(
@@ -382,24 +357,3 @@ class TieredCache(QueuedSaves):
         if live and entry is not None:
             entry.stats.live = True
         return key
-
-    def _adopt(self, level: Level, meta: RowMeta, size: int) -> None:
-        """Take a row found by a scan into the catalog and the level's accounting (not a row
-        this process is putting: its put commits it, with its own stats)."""
-        if meta.key in self._inflight:
-            return
-        if self._catalog.conflicts(meta.key, meta.namespace, meta.tokens):
-            self._counters.inc("key_collisions")
-            return
-        entry = self._catalog.get(meta.key)
-        if entry is None:
-            payload_len = size - level.tier.stored_size(meta.n_tokens, 0)
-            stats = RowStats(meta.key, payload_len, meta.n_tokens, meta.created_at,
-                             hits=meta.hits, reason=meta.reason)
-            entry = self._catalog.add(meta, stats)
-        if meta.key not in level:
-            level.admit(entry.stats)
-            level.add(entry.stats, size)
-        if meta.pinned or meta.reason is SaveReason.AGENT_PREFIX:
-            self._catalog.pin(entry)  # rows come sorted by creation time: the newest pin wins
-        self._stack.update_tier(meta.key)
