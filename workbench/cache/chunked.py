@@ -30,6 +30,8 @@ from typing import Any
 
 from workbench.cache import keys
 from workbench.cache import chunk_tier_admin
+from workbench.cache import chunk_peer_scan
+from workbench.cache.chunk_peer_scan import PeerMemo, PeerScan
 from workbench.cache.chunk_store import ChunkStore
 from workbench.cache.chunk_tier_admin import CHUNK_TIERS, in_order, to_chunk_tier
 from workbench.cache.chunk_tier_views import row_dicts, tier_dicts, tier_of
@@ -94,6 +96,12 @@ class ChunkedCache(QueuedSaves):
         """Adopt what the persistent tiers hold (start-up); rejected files by reason."""
         with self._lock:
             return self._store.scan()
+
+    def adopt_peer_files(self, memo: PeerMemo | None = None) -> PeerScan:
+        """Adopt what live peers (other processes sharing the directories) published since
+        the last look, deleting nothing; forget chunks whose files peers removed
+        (chunk_peer_scan.py). ``memo``: the caller's, kept between looks."""
+        return chunk_peer_scan.rescan(self._store, memo)
 
     def add_tier(self, tier: Tier, policy: PolicySpec | None = None, *, position: int | None = None) -> None:
         """Add a tier at its kind's place (chunk_tier_admin.py: RAM's lone chunks are first

@@ -4,14 +4,17 @@ tiers users describe as dicts (``configure_cache``, ``add_tier``)."""
 
 from __future__ import annotations
 
+import inspect
 import os
 import threading
 import time
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..errors import InvalidOption
 from .chunk_store import DEFAULT_CHUNK_SIZE
+from .chunk_peer_scan import PeerMemo
 from .chunked import ChunkedCache, chunked_cache
 from .policies import DEFAULT_POLICY
 from .store import ROW_SUFFIX
@@ -30,28 +33,43 @@ def shared_cache() -> PrefixCache:
     global _cache
     with _lock:
         if _cache is None:
-            _cache = chunked_cache([(RamTier("ram", DEFAULT_RAM_BUDGET), None)], DEFAULT_POLICY, DEFAULT_CHUNK_SIZE)
+            _cache = TieredCache([RamTier("ram", DEFAULT_RAM_BUDGET)])
         return _cache
 
 
 def configure(tiers: Sequence[Mapping[str, Any]], policy: Any = DEFAULT_POLICY, writer_workers: int | None = None,
-              writer_queue: int | None = None, storage: str = "chunks",
+              writer_queue: int | None = None, storage: str = "rows",
               chunk_size: int = DEFAULT_CHUNK_SIZE) -> PrefixCache:
     """Replace the shared cache with one built from tier specs (fastest first); persistent
     tiers are scanned, so rows saved before a restart are adopted (and bad files removed).
     Its writer pool: ``writer_workers`` threads, ``writer_queue`` saves queued or running
     (None: TieredCache's defaults). ``storage='chunks'``: rows as manifests over chunks of
     ``chunk_size`` positions (``make_chunked``)."""
-    global _cache
+    cache = build(tiers, policy, writer_workers, writer_queue, storage, chunk_size)
+    cache.scan()
+    return install(cache)
+
+
+def build(tiers: Sequence[Mapping[str, Any]], policy: Any = DEFAULT_POLICY, writer_workers: int | None = None,
+          writer_queue: int | None = None, storage: str | None = None, chunk_size: int | None = None) -> PrefixCache:
+    """A cache as ``configure`` builds it (None: configure's defaults), not scanned yet and
+    not installed: a process whose tiers live peers share (a cluster's replica restarting)
+    adopts their files with ``PeerRows.adopt(force=True)`` instead of the start-up scan,
+    which would delete what a peer has in flight."""
+    defaults = inspect.signature(configure).parameters
+    storage = defaults["storage"].default if storage is None else storage
+    chunk_size = defaults["chunk_size"].default if chunk_size is None else chunk_size
     pool: dict[str, Any] = {k: v for k, v in (("save_workers", writer_workers), ("max_pending_saves", writer_queue))
                             if v is not None}
-    cache: PrefixCache
     if storage == "chunks":
-        cache = make_chunked(tiers, policy, chunk_size, pool)
-    else:
-        built: list[Tier | tuple[Tier, Any]] = [(make_tier(spec), spec.get("policy")) for spec in tiers]
-        cache = TieredCache(built, policy=policy, **pool)
-    cache.scan()
+        return make_chunked(tiers, policy, chunk_size, pool)
+    built: list[Tier | tuple[Tier, Any]] = [(make_tier(spec), spec.get("policy")) for spec in tiers]
+    return TieredCache(built, policy=policy, **pool)
+
+
+def install(cache: PrefixCache) -> PrefixCache:
+    """Make ``cache`` the shared cache (the old one is closed)."""
+    global _cache
     with _lock:
         old, _cache = _cache, cache
     if old is not None:
@@ -105,14 +123,21 @@ def make_chunked(tiers: Sequence[Mapping[str, Any]], policy: Any, chunk_size: in
 
 
 class PeerRows:
-    """Rows other processes publish to this process's persistent tiers (a shm or disk root
+    """What other processes publish to this process's persistent tiers (a shm or disk root
     they share: the replicas of a cluster, two notebooks on one machine), adopted without
     an explicit rescan. :meth:`adopt`, called where a lookup is about to happen, costs a
     stat per persistent tier when nothing changed; a directory that changed is listed, and
-    only when it names a row file the cache does not hold is the cache's own scan run (the
-    publish protocol makes a row file visible only once whole and fsynced, and the scan
-    verifies headers and tokens, so a peer's row is adopted as a restart adopts it).
-    Rows stay whole rows: a chunked cache (``storage='chunks'``) is not rescanned here."""
+
+    * whole rows (a TieredCache): only the row files the cache does not hold are read
+      (``TieredCache.adopt_files``: headers and tokens verified, as a restart's scan does;
+      the cost per look is the new rows', not the tier's);
+    * chunk storage (a ChunkedCache): the adopt-only rescan (``adopt_peer_files``,
+      chunk_peer_scan.py): new chunks parent first, new manifests whose chunks are held,
+      chunks whose files a peer removed forgotten, nothing deleted. When it skipped
+      something of this process's own in flight, the next look lists again.
+
+    The publish protocol makes a file visible only once whole and fsynced, so a peer's row
+    is adopted as a restart adopts it."""
 
     # mtimes are coarse (a clock tick): a directory changed within this of its last listing
     # is listed again, so a row published in the same tick as that listing is not missed
@@ -121,26 +146,38 @@ class PeerRows:
     def __init__(self) -> None:
         self._looked: dict[str, tuple[int, int]] = {}  # root -> (its mtime, when it was listed)
         self._lock = threading.Lock()  # one look at a time: a second caller waits for the scan
+        # a chunked cache's tiers are fixed: its roots once, and the rescan's memo
+        self._chunked: tuple[weakref.ref[ChunkedCache], dict[str, str], PeerMemo] | None = None
 
-    def adopt(self, cache: PrefixCache | None = None) -> int:
-        """Rescan when a peer published rows since the last look; returns how many row
-        files were new to the cache (0 when nothing was scanned)."""
+    def adopt(self, cache: PrefixCache | None = None, *, force: bool = False) -> int:
+        """Adopt what peers published since the last look (every persistent tier with
+        ``force``, changed or not); returns how many rows were new to the cache."""
         cache = shared_cache() if cache is None else cache
-        if isinstance(cache, ChunkedCache):
-            return 0
         with self._lock:
-            return self._adopt(cache)
+            tiers = self._tiers(cache)
+            changed = [root for root in tiers if self._changed(root) or force]
+            if not changed:
+                return 0
+            if isinstance(cache, ChunkedCache):
+                return self._adopt_chunks(cache, changed)
+            return sum(cache.adopt_files(tiers[root], self._row_files(root)) for root in changed)
 
-    def _adopt(self, cache: TieredCache) -> int:
-        roots = [str(t["root"]) for t in cache.list_tiers() if t.get("persistent") and t.get("root")]
-        changed = [root for root in roots if self._changed(root)]
-        if not changed:
-            return 0
-        held = set(cache.keys())
-        new = sum(len(self._row_names(root) - held) for root in changed)
-        if new:
-            cache.scan()
-        return new
+    def _tiers(self, cache: PrefixCache) -> dict[str, str]:
+        """The persistent tiers' roots -> their names."""
+        if isinstance(cache, ChunkedCache) and self._chunked is not None and self._chunked[0]() is cache:
+            return self._chunked[1]
+        tiers = {str(t["root"]): str(t["name"]) for t in cache.list_tiers() if t.get("persistent") and t.get("root")}
+        if isinstance(cache, ChunkedCache):
+            self._chunked = (weakref.ref(cache), tiers, PeerMemo())
+        return tiers
+
+    def _adopt_chunks(self, cache: ChunkedCache, changed: list[str]) -> int:
+        assert self._chunked is not None
+        result = cache.adopt_peer_files(self._chunked[2])
+        if result.deferred:
+            for root in changed:
+                self._looked.pop(root, None)
+        return result.rows
 
     def _changed(self, root: str) -> bool:
         try:
@@ -154,8 +191,8 @@ class PeerRows:
         return True
 
     @staticmethod
-    def _row_names(root: str) -> set[str]:
+    def _row_files(root: str) -> list[str]:
         try:
-            return {name[:-len(ROW_SUFFIX)] for name in os.listdir(root) if name.endswith(ROW_SUFFIX)}
+            return [name for name in os.listdir(root) if name.endswith(ROW_SUFFIX)]
         except OSError:
-            return set()
+            return []

@@ -21,7 +21,7 @@ from ..models import check_model_file
 from ..options import LoadConfig, build, check_int, check_number
 from .members import ACTOR_GONE, Member
 from ..options.rules import one_of
-from .replica import CACHE_SYNCS, Replica
+from .replica import CACHE_OPTIONS, CACHE_SYNCS, Replica, check_cache_options
 from .wire import unpack_error
 
 WHERE = "cluster option"
@@ -67,13 +67,15 @@ def check_options(replicas: Any, threads: Any, max_restarts: Any, num_cpus: Any,
 
 def load_options(model: Any, threads: int, load: Mapping[str, Any], local: bool) -> dict[str, Any]:
     """The load_model options every replica gets (checked here as load_model checks them;
-    on a local Ray the model file too)."""
+    on a local Ray the model file too), with the cache options ``storage`` and
+    ``chunk_size`` (configure_cache's; each replica configures its cache with them)."""
     if "n_threads" in load or "model_path" in load:
         key = "n_threads" if "n_threads" in load else "model_path"
         raise InvalidOption(key, load[key], f"no {key} in a cluster's load options: pass "
                             + ("threads=" if key == "n_threads" else "model="), WHERE)
     opts = dict(load, model_path=model, n_threads=threads)
-    build(LoadConfig, opts, "config")
+    check_cache_options(opts, WHERE)
+    build(LoadConfig, {k: v for k, v in opts.items() if k not in CACHE_OPTIONS}, "config")
     if local and model is not None:
         opts["model_path"] = str(check_model_file(model))
     return opts

@@ -6,7 +6,12 @@ results and events as they are, errors packed by ``wire`` (see there why).
 
 With shared tiers and ``cache_sync='auto'``, a replica adopts the rows its peers
 published there before each lookup (a probe, a request, a cached_prefix_len): see
-``cache.shared.PeerRows``; ``'manual'`` leaves it to ``sync_cache``.
+``cache.shared.PeerRows``; ``'manual'`` leaves it to ``sync_cache``. Its cache is
+configured with ``cache_tiers`` and the ``storage`` / ``chunk_size`` options start passed
+with the load options (configure_cache's). Only the first incarnation's cache runs the
+start-up scan (nobody writes yet); a restarted replica, ``sync_cache`` and ``reset_cache``
+build a fresh cache and adopt what the tiers hold without deleting anything, since the
+peers are live (in chunk storage the start-up scan would delete their chunks in flight).
 
 A stream is a Ray streaming generator (:meth:`Replica.run`): its first item says whether
 the request started (its local ref) or was refused (the error the facade raised), then
@@ -22,6 +27,7 @@ import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+from ..cache import shared
 from ..cache.shared import PeerRows
 from ..errors import InvalidOption, WorkbenchError
 from .wire import RemoteError, pack_error, pack_events
@@ -33,6 +39,7 @@ PER_MODEL_CALLS = ("cached_prefix_len", "detokenize", "draft_tokens", "embed", "
 PROCESS_CALLS = ("cache_info", "counters", "requests", "wait_for_saves")
 STREAM_CALLS = ("stream", "continue_session", "chat_stream")
 CACHE_SYNCS = ("auto", "manual")
+CACHE_OPTIONS = ("storage", "chunk_size")  # configure_cache's, passed to start with the load options
 SPECULATION_CALLS = ("draft_in_session", "verify_in_session")  # speculate.py's session form
 
 
@@ -44,12 +51,17 @@ class Replica:
         import workbench as wb
 
         self.name = name
+        load = dict(load)
+        self.cache_options = {k: load.pop(k) for k in CACHE_OPTIONS if k in load}
         self.cache_tiers = list(cache_tiers) if cache_tiers else None
         self.cache_sync = cache_sync
         self.peer_rows = 0  # rows adopted from peers automatically
         self._peers = PeerRows()
-        if self.cache_tiers:
-            wb.configure_cache(self.cache_tiers)
+        if self.cache_tiers or self.cache_options:
+            if restarted():
+                self._fresh_cache()
+            else:
+                wb.configure_cache(self._tiers(), **self.cache_options)
         self.model = wb.load_model(**load)
         self.incarnation = uuid.uuid4().hex[:12]
         self._lock = threading.Lock()
@@ -99,6 +111,8 @@ class Replica:
                 return "ok", list(wb.render_chat_template(self.model, *args, **kwargs).tokens)
             if name == "sync_cache":
                 return "ok", self.sync_cache()
+            if name == "configure_cache":
+                return "ok", self.configure_cache(*args, **kwargs)
             if name == "reset_cache":
                 return "ok", self.reset_cache()
             if name == "set_cache_sync":
@@ -112,14 +126,41 @@ class Replica:
             return "error", pack_error(e)
 
     def sync_cache(self) -> int:
-        """Adopt rows other replicas published to the shared tiers since the last scan (the
-        cache's public configure_cache scans persistent tiers); returns the rows held."""
+        """A fresh cache of this replica's tiers that adopts every row they hold, its peers'
+        too (RAM rows dropped); returns the rows held."""
         import workbench as wb
 
         if not self.cache_tiers:
             return 0
         wb.wait_for_saves(30.0)
-        return int(wb.configure_cache(self.cache_tiers).get("rows", 0))
+        return self._fresh_cache()
+
+    def configure_cache(self, tiers: Sequence[Mapping[str, Any]] | None, **options: Any) -> dict[str, Any]:
+        """Another cache for this replica from now on: ``tiers`` (None: one RAM tier) and
+        configure_cache's ``storage`` / ``chunk_size``, adopting what the tiers hold (a
+        restarted replica comes back with start's); returns the previous tiers and options."""
+        from ..options.rules import one_of
+
+        for key in options:
+            one_of(*CACHE_OPTIONS)("option", key, "cache")
+        check_cache_options(options, "cache")
+        previous = {"tiers": self.cache_tiers, **self.cache_options}
+        self.cache_tiers, self.cache_options = (list(tiers) if tiers else None), dict(options)
+        import workbench as wb
+
+        wb.wait_for_saves(30.0)
+        self._fresh_cache()
+        return previous
+
+    def _tiers(self) -> list[Any]:
+        return self.cache_tiers or [{"kind": "ram"}]
+
+    def _fresh_cache(self) -> int:
+        """A fresh cache of this replica's tiers and cache options that adopts what the
+        tiers hold, deleting nothing (the peers are live: module doc); returns its rows."""
+        cache = shared.install(shared.build(self._tiers(), **self.cache_options))
+        self._peers.adopt(cache, force=True)
+        return len(cache)
 
     def adopt_peer_rows(self) -> int:
         """With ``cache_sync='auto'`` and shared tiers: adopt the rows peers published since
@@ -138,12 +179,12 @@ class Replica:
         return mode
 
     def reset_cache(self) -> int:
-        """A fresh cache of this replica's tiers (RAM rows dropped; persistent tiers are
-        rescanned, so they keep theirs); returns the rows held."""
+        """A fresh cache of this replica's tiers (RAM rows dropped; what the persistent tiers
+        hold is adopted again); returns the rows held."""
         import workbench as wb
 
         wb.wait_for_saves(30.0)
-        return int(wb.configure_cache(self.cache_tiers or [{"kind": "ram"}]).get("rows", 0))
+        return self._fresh_cache()
 
     def cancel(self, cref: int) -> None:
         """Cancel the cluster request ``cref`` here (also before its stream has started)."""
@@ -203,4 +244,26 @@ class Replica:
             yield pack_events(batch)
 
 
-__all__ = ["CACHE_SYNCS", "PER_MODEL_CALLS", "PROCESS_CALLS", "Replica", "RemoteError"]
+def check_cache_options(options: Mapping[str, Any], where: str) -> None:
+    """configure_cache's rules for the cache options a cluster passes its replicas."""
+    from ..cache_admin import CHUNK_SIZE_MAX, CHUNK_SIZE_MIN
+    from ..options import check_int
+    from ..options.rules import one_of
+
+    if "storage" in options:
+        one_of(*shared.STORAGES)("storage", options["storage"], where)
+    if "chunk_size" in options:
+        check_int("chunk_size", options["chunk_size"], CHUNK_SIZE_MIN, CHUNK_SIZE_MAX, where=where)
+
+
+def restarted() -> bool:
+    """Whether Ray restarted this actor (its peers live on); False outside an actor."""
+    try:
+        import ray
+
+        return bool(ray.get_runtime_context().was_current_actor_reconstructed)
+    except Exception:  # not in a Ray worker
+        return False
+
+
+__all__ = ["CACHE_OPTIONS", "CACHE_SYNCS", "PER_MODEL_CALLS", "PROCESS_CALLS", "Replica", "RemoteError"]
