@@ -24,10 +24,18 @@ the programs and ours; each figure is the median over rounds.
 
     python bench/bench_speculative.py [--rounds 3] [--n-predict 128] [--fixed | --both]
         [--no-default] [--qwen-ngram] [--pair [--draft-threads N]] [--classes code,summary,free] [--json out.json]
+    python bench/bench_speculative.py --verify-rows [--qwen-ngram] [--rounds 9]
+
+``--verify-rows`` answers what speculation can gain on this machine at best: one native
+decode of k rows of one sequence (a verify of k - 1 draft tokens) against one of 1 row (a
+plain step), after a 100-token prompt, median of --rounds; the speed-up over plain
+decoding were every draft token accepted is k t(1) / t(k), and at a per-token acceptance a
+it is (1 + a (1 - a^(k-1)) / (1 - a)) t(1) / t(k).
 
 ``--both`` measures each of our speculative sides twice, adaptive and fixed (always n_max),
 and prints what adaptive decided (verified drafts, their mean length, drafts explored, off
-switches, shadow drafts checked) per class.
+switches, shadow drafts checked, steps deferred until the slack covers a draft engine's
+catch-up prefill, the draft engine's seconds for the request) per class.
 """
 
 from __future__ import annotations
@@ -125,7 +133,8 @@ def ours(mid: str, prompt: str, n: int, spec: dict[str, Any] | None) -> dict[str
     out = {"tps": r.stats.decode_tps or 0.0, "acceptance": float(s.get("acceptance") or 0.0),
            "tokens": r.stats.generated_tokens, "steps": s.get("steps", 0), "explored": s.get("explored", 0),
            "mean_draft": s["drafted"] / s["steps"] if s.get("steps") else 0.0,
-           "off": (s.get("decisions") or {}).get("off", 0), "shadows": s.get("shadows", 0)}
+           "off": (s.get("decisions") or {}).get("off", 0), "shadows": s.get("shadows", 0),
+           "deferred": s.get("deferred_steps", 0), "engine_s": float(s.get("draft_engine_s") or 0.0)}
     if spec is None:
         out["echo"] = echo_share(wb.tokenize(mid, prompt), list(r.tokens))
     return out
@@ -148,7 +157,8 @@ def measure_class(label: str, rounds: int, sides: dict[str, Callable[[], dict[st
                   "acceptance": statistics.median(r["acceptance"] for r in rs),
                   "echo": statistics.median(r.get("echo", 0.0) for r in rs),
                   "decided": [(r.get("steps", 0), round(r.get("mean_draft", 0.0), 1), r.get("explored", 0),
-                               r.get("off", 0), r.get("shadows", 0)) for r in rs]}
+                               r.get("off", 0), r.get("shadows", 0), r.get("deferred", 0),
+                               round(r.get("engine_s", 0.0), 2)) for r in rs]}
             for key, rs in runs.items()}
 
 
@@ -182,7 +192,8 @@ PAIRS = _PAIRS + tuple((f"{a} fixed", b) for a, b in _PAIRS)
 def report(title: str, results: dict[str, dict[str, Any]]) -> None:
     print(f"\n{title}")
     print(f"{'prompt class':<28}{'side':<40}{'tok/s':>8}{'accept':>8}{'x plain':>9}{'x llama.cpp':>12}"
-          f"  plain: echo; adaptive: (verified drafts, mean length, explored, off, shadows) per round")
+          f"  plain: echo; adaptive: (verified drafts, mean length, explored, off, shadows, deferred steps, "
+          f"draft engine s) per round")
     for label, sides in results.items():
         plain = sides["plain"]["tps"]
         programs = {ours_key: prog for ours_key, prog in PAIRS if ours_key in sides}
@@ -223,6 +234,56 @@ def run_pair(args: argparse.Namespace, target: Path, draft: Path, prompts: dict[
         wb.unload(tid)
 
 
+def time_rows(path: Path, threads: int, rounds: int) -> dict[int, float]:
+    """Median seconds of one decode of k rows (all with logits) after a 100-token prompt."""
+    import time
+
+    from workbench import _native
+    from workbench.options import LoadConfig, context_params, model_params
+
+    cfg = LoadConfig(model_path=str(path), n_threads=threads, n_ctx=1024, n_seq_max=1)
+    model = _native.Model(str(path), 0, True, False, model_params(cfg))
+    ctx = _native.Context(model, context_params(cfg, model.n_ctx_train))
+    try:
+        prompt = (model.tokenize(TEXT * 2, True, False))[:100]
+        n = len(prompt)
+        ctx.decode(prompt, list(range(n)), [0] * n, [0] * (n - 1) + [1], 0.0)
+        out: dict[int, float] = {}
+        for k in (1, 2, 3, 4, 5, 6, 8, 12, 16):
+            times = []
+            for _ in range(rounds):
+                t0 = time.perf_counter()
+                ctx.decode(prompt[:k], list(range(n, n + k)), [0] * k, [1] * k, 0.0)
+                times.append(time.perf_counter() - t0)
+                ctx.seq_rm(0, n, -1)
+            out[k] = statistics.median(times)
+        return out
+    finally:
+        ctx.close()
+        model.close()
+
+
+def report_rows(name: str, rows: dict[int, float]) -> None:
+    t1 = rows[1]
+    print(f"\nverify rows, {name}: one decode of k rows vs one plain step ({t1 * 1e3:.1f} ms)")
+    print(f"{'k':>3}{'ms':>8}{'x plain step':>14}{'all accepted':>14}{'at a=0.76':>11}{'at a=0.9':>10}")
+    for k, t in rows.items():
+        at = [(1 + (a * (1 - a ** (k - 1)) / (1 - a))) * t1 / t for a in (0.76, 0.9)]
+        print(f"{k:>3}{t * 1e3:>8.1f}{t / t1:>14.2f}{k * t1 / t:>14.2f}{at[0]:>11.2f}{at[1]:>10.2f}")
+
+
+def run_verify_rows(args: argparse.Namespace) -> dict[str, Any]:
+    models = [wb.fetch_default_model()]
+    if args.qwen_ngram:
+        from tests.integration.heavy_models import QWEN_CODER_15B, fetch_chunked
+        models.append(fetch_chunked(QWEN_CODER_15B))
+    out = {}
+    for path in models:
+        out[path.name] = time_rows(path, args.threads, args.rounds)
+        report_rows(path.name, out[path.name])
+    return out
+
+
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
@@ -237,6 +298,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--both", action="store_true", help="each of our speculative sides adaptive and fixed")
     ap.add_argument("--decode-budget-ms", type=int, default=30000,
                     help="the engines' bound on one native step (0 = off: a smoke run on a loaded machine)")
+    ap.add_argument("--verify-rows", action="store_true",
+                    help="only time a decode of k rows against a plain step (Qwen 1.5B too with --qwen-ngram)")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     args.draft_threads = args.draft_threads or args.threads
@@ -253,6 +316,11 @@ def main() -> int:
     out: dict[str, Any] = {"threads": args.threads, "draft_threads": args.draft_threads, "rounds": args.rounds,
                            "n_predict": args.n_predict}
     modes = "adaptive and fixed" if args.both else "fixed" if args.fixed else "adaptive"
+    if args.verify_rows:
+        out["verify_rows"] = run_verify_rows(args)
+        if args.json:
+            args.json.write_text(json.dumps(out, indent=2))
+        return 0
     print(f"{args.threads} threads, {args.rounds} alternating rounds, {args.n_predict} tokens, greedy, "
           f"drafts of at most {N_DRAFT} ({modes}), llama.cpp {wb._native.llama_commit[:10]}")
     if not args.no_default:

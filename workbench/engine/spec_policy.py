@@ -6,8 +6,8 @@ step was with ``observe``: the draft length verified, how many of it were accept
 time in the drafter, and the time of the step (the decode that carried its rows plus its
 sampling). A step without a draft is a plain step: its time is the measured cost of a
 plain decode step for this request, never a constant. Times on a shared machine have
-positive noise (a step that waited for the CPU), so each cost is the least of its last
-``WINDOW`` observations.
+positive noise (a step that waited for the CPU), so each step cost is the least of its
+last few observations (engine/spec_costs.py).
 
 The model, all from those measurements:
 
@@ -15,7 +15,9 @@ The model, all from those measurements:
   were (decayed counts of accepted and rejecting positions, from a prior of one each that
   decays with them), so a draft of k yields 1 + a(1 - a^k)/(1 - a) tokens;
 - cost: plain step P, plus a verify step's own C and R per verified draft row, plus per
-  drafted token D (the drafter's time per token asked for). C and R are a line through
+  drafted token D (the drafter's time per token asked for, all of it: a draft model's
+  engine's time for the request included, which arrives in lumps, so D is the time over
+  the last steps that asked for drafts divided by the tokens they asked for). C and R are a line through
   the least extra time seen at each verified length. On a CPU a 2-row decode costs much
   more than a 1-row one and later rows little, so C can be larger than P: one length
   cannot tell C from R, and until two lengths far enough apart are measured the line
@@ -43,15 +45,21 @@ in the acceptance (``observe_shadow``), and when that makes a draft pay the requ
 again at once. The first ``WARMUP`` steps are plain (they measure P), and every ``REFRESH``
 speculated steps one is plain again so P follows the machine's load.
 
+A drafter that must first catch up (a draft model's engine prefilling the target's tokens
+its session does not hold) says what that would cost (``next_length``'s ``setup_s``):
+a draft that needs it is asked for only once the slack covers it, and until then the
+step is plain (``deferred_steps``); so is a probe.
+
 State: one request's estimates, slack and decision counts; no clock of its own (tests
 feed it synthetic observations).
 """
 
 from __future__ import annotations
 
-import collections
 import math
 from typing import Any
+
+from .spec_costs import Cost, LumpyCost, expected_accepted, fit_line
 
 WARMUP = 2            # plain steps first: they measure the plain step cost
 REFRESH = 32          # speculated steps between plain re-measurements
@@ -62,7 +70,6 @@ MAX_BACKOFF = 128
 PROBE_BUDGET = 0.01   # and at least so many that a probe costs at most this share of their time
 PROBE_FORGET = 0.5    # a probe's result weighs as much as this share of what was known before
 DECAY = 0.9           # weight of the past in the acceptance counts, per verified step
-WINDOW = 8            # time observations kept per cost (per verified length for the line)
 PRIOR_ROW = 0.5       # a verify row's cost, in plain steps, before any is measured (a first draft of 2)
 PRIOR_COUNT = 1.0     # accepted and rejecting positions counted before any is seen
 INITIAL_SLACK = 1.0   # plain steps' time exploring may lose before it has earned any
@@ -70,37 +77,6 @@ BUDGET = 0.015        # of a plain step's time, earned per plain step (under MIN
 MAX_SLACK = 16.0      # plain steps: what good steps bank for exploring is bounded
 SHADOW = 2            # while off, a cheap drafter's draft of this many is checked against the reply
 SPAN = 2              # the line is known once two lengths, one SPAN times the other, are measured
-
-
-class Cost:
-    """The least of the last WINDOW observations of one cost (None before the first)."""
-
-    def __init__(self) -> None:
-        self.seen: collections.deque[float] = collections.deque(maxlen=WINDOW)
-
-    def add(self, value: float) -> None:
-        self.seen.append(value)
-
-    @property
-    def value(self) -> float | None:
-        return min(self.seen) if self.seen else None
-
-    @property
-    def mean(self) -> float | None:
-        return sum(self.seen) / len(self.seen) if self.seen else None
-
-
-def expected_accepted(a: float, k: int) -> float:
-    """Expected accepted tokens of a k-token draft at per-token acceptance ``a``."""
-    return float(k) if a >= 1.0 else a * (1.0 - a ** k) / (1.0 - a)
-
-
-def fit_line(least: dict[int, float]) -> tuple[float, float]:
-    """(C, R) of extra = C + k R through (k, extra) points, least squares, both >= 0."""
-    n = len(least)
-    mk, mx = sum(least) / n, sum(least.values()) / n
-    slope = max(0.0, sum((k - mk) * (x - mx) for k, x in least.items()) / sum((k - mk) ** 2 for k in least))
-    return max(0.0, mx - slope * mk), slope
 
 
 class SpecPolicy:
@@ -111,7 +87,9 @@ class SpecPolicy:
         self.adaptive = adaptive
         self._plain = Cost()                   # a plain step
         self._rows: dict[int, Cost] = {}       # a verify step's time, by draft length verified
-        self._draft_tok = Cost()               # the drafter, per token asked for
+        self._draft_tok = LumpyCost()          # the drafter, per token asked for
+        self._setup = 0.0                      # what the drafter must do before a draft, in plain steps
+        self.deferred_steps = 0                # steps a draft would pay on but its setup is not covered yet
         self._hits = PRIOR_COUNT               # decayed accepted positions (a prior, decaying too)
         self._misses = PRIOR_COUNT             # decayed rejecting positions
         self._prior_weight = 1.0               # what is left of the prior in those counts
@@ -134,13 +112,15 @@ class SpecPolicy:
         self._shadowed = False                 # one was, while off, since the last decision
 
     # --- the decision ------------------------------------------------------------------------
-    def next_length(self, cap: int) -> int:
-        """Draft length for the next step, at most ``cap``; 0 = a plain step."""
+    def next_length(self, cap: int, setup_s: float = 0.0) -> int:
+        """Draft length for the next step, at most ``cap``; 0 = a plain step. ``setup_s``:
+        the drafter's time before it can draft (a draft engine's catch-up prefill)."""
         if not self.adaptive:
             return cap
         self._cap = cap
         if self._plain_n < WARMUP:
             return 0
+        self._setup = setup_s / max(self.plain_s or 0.0, 1e-9)
         if not self.on:
             return self._while_off(cap)
         if self._since_plain >= REFRESH:
@@ -148,6 +128,9 @@ class SpecPolicy:
         k = self.choose(cap)
         if k == 0:
             self._switch_off()
+        elif self._setup > self.slack:
+            self.deferred_steps += 1
+            return 0
         return k
 
     def choose(self, cap: int) -> int:
@@ -182,7 +165,7 @@ class SpecPolicy:
         """Back on at once when the drafts checked against the reply say a draft pays, and
         its expected loss at the acceptance they showed fits the slack; else 0."""
         k = self.best_length(cap)
-        if k == 0 or self.slack < self._loss(k) - expected_accepted(self._evidence(), k):
+        if k == 0 or self.slack < self._setup + self._loss(k) - expected_accepted(self._evidence(), k):
             return 0
         self.on, self._backoff, self._off_left = True, FIRST_BACKOFF, 0
         self._probing = self._probed = False
@@ -214,8 +197,9 @@ class SpecPolicy:
         return max(self.n_min, min(cap, self._fastest(PROBE_HOPE, cap)[0]))
 
     def _probe_loss(self) -> float:
-        """A probe's cost over a plain step, in plain steps: it waits until the slack has it."""
-        return self._loss(self.probe_length(self._cap))
+        """A probe's cost over a plain step, its drafter's setup included, in plain steps:
+        it waits until the slack has it."""
+        return self._setup + self._loss(self.probe_length(self._cap))
 
     def _loss(self, k: int) -> float:
         """What a draft of k costs over a plain step were it all rejected, in plain steps."""
@@ -314,7 +298,7 @@ class SpecPolicy:
         of them accepted; ``step_s`` None when the step's time is not its own (its decode
         also carried another request's prefill)."""
         if asked:
-            self._draft_tok.add(draft_s / asked)
+            self._draft_tok.add(draft_s, asked)
         if drafted == 0:
             self._plain_step(step_s, draft_s)
             self._exploring = False
@@ -376,6 +360,7 @@ class SpecPolicy:
             "decisions": {"off": self.switched["off"], "on": self.switched["on"], "probes": self.probes},
             "explored": self.explored,
             "shadows": self.shadows,
+            "deferred_steps": self.deferred_steps,
             "off_steps": self.off_steps,
             "plain_steps": self.plain_steps,
             "plain_step_s": self.plain_s,

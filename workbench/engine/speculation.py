@@ -99,10 +99,19 @@ def make_state(req: Request, model: Any) -> SpecState:
     assert opts is not None
     drafter: NgramDrafter | ModelDrafter
     if opts.draft is not None:
-        drafter = ModelDrafter(req.draft_engine, opts, f"{req.model_id}/{req.ref}")
+        drafter = ModelDrafter(req.draft_engine, opts, f"{req.model_id}/{req.ref}", prefill_token_s(req, model))
     else:
         drafter = NgramDrafter(model, opts, req.prompt)
     return SpecState(drafter, SpecNumbers(drafter.kind), SpecPolicy(opts.n_min, opts.adaptive))
+
+
+def prefill_token_s(req: Request, model: Any) -> float | None:
+    """A guess at the draft engine's prefill time per token before it measured one: the
+    target's own (where it prefilled enough to tell), scaled by the draft model's size."""
+    if req.prefilled < 16 or req.prefill_started_at is None or req.prefill_done_at is None:
+        return None
+    scale = min(1.0, req.draft_engine.model.size / max(1, model.size))
+    return scale * (req.prefill_done_at - req.prefill_started_at) / req.prefilled
 
 
 class NgramDrafter:
@@ -119,11 +128,20 @@ class NgramDrafter:
         self.native.begin(0, prompt)
         self.kind = kind
 
-    def draft(self, history: list[int], last: int, pos: int, n_max: int) -> list[int]:
+    def draft(self, history: list[int], last: int, pos: int, n_max: int, ahead: bool = True) -> list[int]:
         return list(self.native.draft(0, history, last, pos, n_max))
 
     def accepted(self, n: int) -> None:
         self.native.accept(0, n)
+
+    def setup_s(self, history: list[int], last: int, plain_s: float | None) -> float:
+        return 0.0                 # a draft at any step, nothing to catch up on
+
+    def take_busy_s(self) -> float:
+        return 0.0                 # no work outside draft(): that call is timed
+
+    def pause(self) -> None:
+        pass
 
     def close(self) -> None:
         self.native.close()
@@ -146,17 +164,22 @@ class SpecState:
     def draft(self, history: list[int], last: int, pos: int, cap: int) -> list[int]:
         """Up to the policy's length (0: none asked for); a draft under n_min is none. On a
         plain step a cheap drafter may be asked for a shadow draft, checked later against
-        what the target emits (``policy.observe_shadow``) and never verified."""
+        what the target emits (``policy.observe_shadow``) and never verified. While the
+        policy is off a draft model's engine does nothing for the request (``pause``) but
+        for a probe, which asks for that one draft only (``ahead=False``)."""
         if self.shadow is not None:
             self._settle(history, last, final=False)
-        self.asked, self.step_draft_s = self.policy.next_length(cap), 0.0
+        setup = self.drafter.setup_s(history, last, self.policy.plain_s)
+        self.asked, self.step_draft_s = self.policy.next_length(cap, setup), 0.0
         if self.shadow is not None and self.asked:
             self._settle(history, last, final=True)
+        if not self.asked and not self.policy.on:
+            self.drafter.pause()
         n = self.asked or (self.policy.shadow_length(cap) if self.drafter.cheap and self.shadow is None else 0)
         if n == 0:
             return []
         t0 = time.perf_counter()
-        tokens = self.drafter.draft(history, last, pos, n)
+        tokens = self.drafter.draft(history, last, pos, n, ahead=self.policy.on)
         self.step_draft_s = time.perf_counter() - t0
         self.numbers.draft_s += self.step_draft_s
         if not self.asked:
@@ -272,6 +295,9 @@ class Speculation:
         """The policy learns the step (its time only when ``own``); a verified draft counts."""
         spec = req.spec
         assert isinstance(spec, SpecState)
+        engine_s = spec.drafter.take_busy_s()     # a draft model's engine's time for it meanwhile
+        spec.step_draft_s += engine_s
+        spec.numbers.draft_s += engine_s
         spec.policy.observe(spec.asked, n_draft, n_accepted, spec.step_draft_s, step_s if own else None)
         if n_draft == 0:
             return                         # a plain step: measured, nothing verified
