@@ -153,8 +153,9 @@ def wait_for_saves(timeout_s: float | None = 30.0) -> bool:
 
 
 def evict_bytes(n: int, tier: str | None = None) -> int:
-    """Free at least ``n`` bytes of ``tier`` (default: the top one), demoting rows down the
-    tiers by its policy; pinned rows go last. Returns the bytes freed there."""
+    """Free at least ``n`` bytes of ``tier`` by its policy, demoting down the tiers; pinned
+    rows go last. Default tier: in chunk storage the last (where chunks leave the cache,
+    leaves first), with rows the top one. Returns the bytes freed there."""
     check_int("n", n, 0, None)
     cache = shared.shared_cache()
     if tier is not None:

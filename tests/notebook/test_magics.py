@@ -313,3 +313,31 @@ def test_ngram_flag_speculates_with_the_same_greedy_reply(shell: Any) -> None:
     assert "choose one way" in usage_error(shell.run_cell("%%generate --draft x --ngram simple\nHi"))
     assert "needs --draft" in usage_error(shell.run_cell("%%generate --spec-n-max 3\nHi"))
     assert "is not loaded" in usage_error(shell.run_cell("%%generate --draft nbtest-nodraft\nHi"))
+
+
+def test_cache_commands_on_a_chunked_cache_variable(ip: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    """The same commands over chunk storage (the default), plus %wb chunks."""
+    from workbench.cache import keys
+    from workbench.cache.chunk_store import ChunkStore
+    from workbench.cache.chunked import ChunkedCache
+
+    cache = ChunkedCache(ChunkStore(None, 10_000, chunk_size=16))
+    ns = CacheNamespace("ab" * 32)
+    saved = []
+    for tokens in (list(range(40)), list(range(40)) + [7] * 9):
+        chunk_keys = keys.chunk_keys(ns.digest(), tokens, 16)
+        saved.append(cache.put(ns, tokens, [k * 20 for k in chunk_keys][cache.missing(ns, tokens):]))
+    ip.user_ns["nbtest_chunks"] = cache
+    assert set(ip.run_cell("%wb cache --cache nbtest_chunks").result.index) == set(saved)
+    chunks = ip.run_cell("%wb chunks --cache nbtest_chunks").result
+    assert len(chunks) == len(cache.chunk_rows()) == 4 and chunks["leaf"].iloc[0]  # leaves first
+    assert ip.run_cell("%wb tiers --cache nbtest_chunks").result.loc["ram", "chunks"] == 4
+    ip.run_cell(f"%wb pin {saved[0][:10]} --cache nbtest_chunks")
+    assert f"pinned {saved[0][:10]}" in capsys.readouterr().out
+    ip.run_cell(f"%wb unpin {saved[0][:10]} --cache nbtest_chunks")
+    assert f"unpinned {saved[0][:10]}" in capsys.readouterr().out
+    ip.run_cell("%wb evict 1 --cache nbtest_chunks")
+    assert "freed" in capsys.readouterr().out and len(cache.chunk_rows()) == 3   # one leaf went
+    assert "no chunk tier named 'nope'" in usage_error(ip.run_cell("%wb evict 1 --tier nope --cache nbtest_chunks"))
+    ip.user_ns["nbtest_rows"] = TieredCache([RamTier("ram", 1000)])
+    assert "storage='chunks'" in usage_error(ip.run_cell("%wb chunks --cache nbtest_rows"))

@@ -132,3 +132,26 @@ def test_eviction_timeline_errors() -> None:
         plots.eviction_timeline(timeline_frame(["lru"]), size_bytes=5)
     with pytest.raises(ValueError, match="no timeline"):
         plots.eviction_timeline(pd.DataFrame({"policy": []}))
+
+
+def test_chunk_storage_shows_shared_bytes_by_tier() -> None:
+    from workbench.cache import keys
+    from workbench.cache.chunk_store import ChunkStore
+    from workbench.cache.chunked import ChunkedCache
+    from workbench.errors import InvalidOption
+
+    cache = ChunkedCache(ChunkStore(None, None, chunk_size=16))
+    ns = CacheNamespace("ab" * 32)
+    for tail in ([7] * 9, [8] * 9):
+        tokens = list(range(32)) + tail    # two rows over two shared chunks
+        pieces = [k * 20 for k in keys.chunk_keys(ns.digest(), tokens, 16)]
+        cache.put(ns, tokens, pieces[cache.missing(ns, tokens):])
+    sizes = {c["key"]: (c["size_bytes"], c["refcount"]) for c in cache.chunk_rows()}
+    shared = sum(b for b, refs in sizes.values() if refs == 2)
+    own = sum(b for b, refs in sizes.values() if refs == 1)
+    ax = plots.chunk_storage(cache).axes[0]
+    assert [p.get_width() for p in ax.patches] == [shared, own] and shared and own
+    whole = shared * 2 + own
+    assert f"{1.0 * whole / (shared + own):.1f}x" in ax.get_title() and "2 rows" in ax.get_title()
+    with pytest.raises(InvalidOption, match="storage='chunks'"):
+        plots.chunk_storage(TieredCache([RamTier("ram", 1000)]))

@@ -3,7 +3,7 @@ magic_arguments parser, called by `WorkbenchMagics.wb` with the parsed arguments
 
     %wb load [PATH|default] [--id ID] [--n-ctx N] [--n-seq-max N]
     %wb models | unload ID | counters | history | mode [auto|widget|text]
-    %wb cache | tiers | evict BYTES [--tier T] | pin KEY | unpin KEY   [--model ID | --cache VAR]
+    %wb cache | chunks | tiers | evict BYTES [--tier T] | pin KEY | unpin KEY   [--model ID | --cache VAR]
     %wb cluster start|status|decisions|plot|router|sync|stop   (cluster_commands.py)
 """
 
@@ -83,7 +83,7 @@ def with_arguments(args: list[Any]) -> Callable[[Callable[..., Any]], Callable[.
 
 
 _cache_args = [argument("--model", metavar="ID", help="model id (default: the current model)"),
-               argument("--cache", metavar="VAR", help="a TieredCache held in this variable instead")]
+               argument("--cache", metavar="VAR", help="a TieredCache or ChunkedCache held in this variable instead")]
 
 
 @magic_arguments(name="wb load")
@@ -169,6 +169,16 @@ def _cache(m: WorkbenchMagics, args: Any) -> Any:
     return views.cache_rows(m.cache_of(args))
 
 
+@magic_arguments(name="wb chunks")
+@with_arguments(_cache_args)
+def _chunks(m: WorkbenchMagics, args: Any) -> Any:
+    """The chunks of a cache in chunk storage (leaves first, next victim first); a cache of
+    whole rows has none (a usage error)."""
+    cache = m.cache_of(args)
+    with usage_errors():
+        return views.cache_chunks(cache)
+
+
 @magic_arguments(name="wb tiers")
 @with_arguments(_cache_args)
 def _tiers(m: WorkbenchMagics, args: Any) -> Any:
@@ -189,8 +199,8 @@ def _evict(m: WorkbenchMagics, args: Any) -> None:
     cache = m.cache_of(args)
     try:
         freed = cache.evict_bytes(n, args.tier)
-    except ValueError as e:  # an unknown tier
-        raise UsageError(str(e)) from None
+    except (ValueError, KeyError) as e:  # an unknown tier (rows: ValueError, chunks: KeyError)
+        raise UsageError(str(e.args[0] if isinstance(e, KeyError) else e)) from None
     print(f"freed {format_bytes(freed)} ({freed} bytes)")
 
 
@@ -223,6 +233,6 @@ def _unpin(m: WorkbenchMagics, args: Any) -> None:
 # each wrapped by magic_arguments, which gives the function a `parser` (its usage)
 SUBCOMMANDS: dict[str, Any] = {
     "load": _load, "models": _models, "unload": _unload, "counters": _counters, "history": _history,
-    "mode": _mode, "cache": _cache, "tiers": _tiers, "evict": _evict, "pin": _pin, "unpin": _unpin,
+    "mode": _mode, "cache": _cache, "chunks": _chunks, "tiers": _tiers, "evict": _evict, "pin": _pin, "unpin": _unpin,
     "cluster": cluster_command,
 }

@@ -142,6 +142,39 @@ def tier_occupancy(tiers: Any, *, ax: Any = None) -> Any:
     return fig
 
 
+def chunk_storage(cache: Any = None, *, ax: Any = None) -> Any:
+    """Chunk storage by tier (a ChunkedCache or a model id; InvalidOption for whole rows):
+    per tier, the bytes of chunks several rows name (shared) beside those of chunks one row
+    or none names; a chunk held by two tiers counts in each. The title sets the distinct
+    bytes against what the rows would take stored whole (each row's chunks counted again)."""
+    from workbench.notebook import views
+    from workbench.units import format_bytes
+
+    from workbench.cache.chunked import ChunkedCache
+    from workbench.errors import InvalidOption
+
+    c = views.resolve_cache(cache)
+    if not isinstance(c, ChunkedCache):
+        raise InvalidOption("cache", cache, "a cache configured with storage='chunks'")
+    chunks, rows = c.chunk_rows(), c.rows()
+    names = [str(t["name"]) for t in c.list_tiers()][::-1]  # fastest on top
+    fig, ax = _axes(ax, (7.0, 1.0 + 0.6 * max(1, len(names))))
+    shared = [sum(k["size_bytes"] for k in chunks if n in k["tiers"] and k["refcount"] > 1) for n in names]
+    own = [sum(k["size_bytes"] for k in chunks if n in k["tiers"] and k["refcount"] <= 1) for n in names]
+    ax.barh(names, shared, color="#198754", label="shared by several rows")
+    ax.barh(names, own, left=shared, color="#adb5bd", label="one row's (or none's)")
+    for y, (a, b) in enumerate(zip(shared, own)):
+        ax.text(a + b, y, f"  {format_bytes(a + b)}", va="center", fontsize="small")
+    distinct = sum(k["size_bytes"] for k in chunks)
+    whole = sum(r["bytes"] for r in rows)
+    ratio = f" ({whole / distinct:.1f}x)" if distinct else ""
+    ax.set_title(f"chunk storage: {format_bytes(distinct)} stored; {len(rows)} rows whole: {format_bytes(whole)}"
+                 + ratio)
+    ax.set_xlabel("bytes")
+    ax.legend(loc="lower right", fontsize="small")
+    return fig
+
+
 def eviction_timeline(replay: pd.DataFrame, *, size_bytes: int | None = None,
                       policies: Sequence[str] | None = None, ax: Any = None) -> Any:
     """Cumulative evictions (solid) and hits (dashed) per request for each policy, at one

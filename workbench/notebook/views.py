@@ -201,16 +201,18 @@ _TIER_DTYPES = {
 
 def tiers(cache: AnyCache | str | None = None) -> pd.DataFrame:
     """Tiers fastest first, indexed by name: budget, use, occupancy (used / budget; NA when
-    unbounded), the same in MiB and percent, policy."""
+    unbounded), the same in MiB and percent, policy; in chunk storage also ``chunks``, the
+    chunks each holds."""
     c = resolve_cache(cache)
+    dtypes = {**_TIER_DTYPES, "chunks": "int64"} if isinstance(c, ChunkedCache) else _TIER_DTYPES
     rows = []
     for t in c.list_tiers():
         budget = t.get("budget_bytes")
         full = (t["used_bytes"] / budget) if budget else None
-        rows.append({**{k: t.get(k) for k in _TIER_DTYPES}, "occupancy": full,
+        rows.append({**{k: t.get(k) for k in dtypes}, "occupancy": full,
                      "percent_full": None if full is None else 100 * full,
                      "budget_MiB": None if budget is None else budget / MIB, "used_MiB": t["used_bytes"] / MIB})
-    return _frame(rows, _TIER_DTYPES, "name")
+    return _frame(rows, dtypes, "name")
 
 
 # --- display ----------------------------------------------------------------------------------
