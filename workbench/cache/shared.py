@@ -33,12 +33,12 @@ def shared_cache() -> PrefixCache:
     global _cache
     with _lock:
         if _cache is None:
-            _cache = TieredCache([RamTier("ram", DEFAULT_RAM_BUDGET)])
+            _cache = chunked_cache([(RamTier("ram", DEFAULT_RAM_BUDGET), None)], DEFAULT_POLICY, DEFAULT_CHUNK_SIZE)
         return _cache
 
 
 def configure(tiers: Sequence[Mapping[str, Any]], policy: Any = DEFAULT_POLICY, writer_workers: int | None = None,
-              writer_queue: int | None = None, storage: str = "rows",
+              writer_queue: int | None = None, storage: str = "chunks",
               chunk_size: int = DEFAULT_CHUNK_SIZE) -> PrefixCache:
     """Replace the shared cache with one built from tier specs (fastest first); persistent
     tiers are scanned, so rows saved before a restart are adopted (and bad files removed).
