@@ -9,7 +9,7 @@ the CPU time of this process and its worker processes.
 
     python bench/bench_replay.py [--workload chats|agents|rag] [--requests 100000]
                                  [--sizes 8GiB] [--workers N] [--checkpoint-every 2048] [--json out.json]
-                                 [--chunk-size 256 | --whole-rows] [--table]
+                                 [--chunk-size 64 | --whole-rows] [--table]
 
 --table prints a Markdown table instead (a deterministic simulation, not a timing): per
 budget and policy, the miss ratio (exact / partial hits) and the fraction of prompt
@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from workbench import lab  # noqa: E402
 from workbench.lab import traces  # noqa: E402
+from workbench.cache.chunk_store import DEFAULT_CHUNK_SIZE  # noqa: E402 - the cache's default, the lab's too
 from workbench.lab.plan import build_plan  # noqa: E402
 from workbench.units import format_bytes  # noqa: E402
 
@@ -58,7 +59,8 @@ def main() -> None:
     ap.add_argument("--checkpoint-every", type=int, default=2048)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, help="also write the results here")
-    ap.add_argument("--chunk-size", type=int, default=256, help="the chunk model's chunk size (tokens)")
+    ap.add_argument("--chunk-size", type=int, default=DEFAULT_CHUNK_SIZE,
+                    help=f"the chunk model's chunk size (tokens; default {DEFAULT_CHUNK_SIZE}, the cache's)")
     ap.add_argument("--whole-rows", action="store_true", help="the whole-row model instead of chunks")
     ap.add_argument("--table", action="store_true", help="print the policy table (Markdown) only")
     args = ap.parse_args()
