@@ -127,8 +127,10 @@ def list_tiers() -> list[dict[str, Any]]:
 
 
 def cache_info() -> dict[str, Any]:
-    """Rows, pins, tiers (with their policies and usage) and counters."""
-    return shared.shared_cache().info()
+    """Storage (``'chunks'`` or ``'rows'``), rows, pins, tiers (with their policies and usage)
+    and counters; in chunk storage also the chunk size."""
+    cache = shared.shared_cache()
+    return {"storage": "chunks" if isinstance(cache, ChunkedCache) else "rows", **cache.info()}
 
 
 def cache_rows() -> list[dict[str, Any]]:

@@ -148,3 +148,9 @@ def test_a_directory_tier_without_a_root_gets_one_beside_the_row_tiers(tmp_path,
     assert tmp_path / "xdg" in root.parents
     rows_root = Path(wb.configure_cache([{"kind": "disk"}], storage="rows")["tiers"][0]["root"])
     assert rows_root != root and root not in rows_root.parents and rows_root not in root.parents
+
+
+def test_cache_info_names_the_storage_in_both():
+    assert wb.cache_info()["storage"] == "chunks"
+    wb.configure_cache([{"kind": "ram"}], storage="rows")
+    assert wb.cache_info()["storage"] == "rows"
