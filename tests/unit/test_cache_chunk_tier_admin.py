@@ -121,6 +121,8 @@ def test_removing_the_only_persistent_tier_keeps_what_ram_holds_and_its_files(tm
     assert files(root, ".kvc") | files(root, ".kvm") == kept_files    # not purged: the files stay
     wb.add_tier("disk", root=str(root))                               # and come back whole
     assert len(wb.cache_rows()) == len(ROWS) and all(served(t) for t in ROWS)
+    assert wb.remove_tier("ram") == 0 and all(served(t) for t in ROWS)  # RAM held copies only
+    assert [t["name"] for t in wb.list_tiers()] == ["disk"]
     wb.configure_cache([{"kind": "ram"}], chunk_size=CS)
     with pytest.raises(InvalidOption, match="tier"):
         wb.remove_tier("ram")                        # a chunked cache keeps one tier
