@@ -23,6 +23,7 @@ run it on a quiet machine), load spread (max/min requests per replica).
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import statistics
 import sys
@@ -31,37 +32,14 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import workbench as wb  # noqa: E402
 import workbench.cluster as wc  # noqa: E402
+from router_traces import TRACES, first_segment, make_trace  # noqa: E402
 from workbench.lab import traces  # noqa: E402
 
 ROUTERS = ("round_robin", "power_of_two", "least_loaded", "prefix_tree", "cache_affinity")
-TRACES = ("mixed", "documents")
-
-
-def make_trace(n_requests: int, seed: int, kind: str = "mixed") -> traces.Trace:
-    """``mixed``: chats (4 system prompts) and agents (3 prefixes), about half the requests
-    each. ``documents``: see documents_trace. Both sized for n_ctx 2048."""
-    if kind == "documents":
-        return documents_trace(n_requests, seed)
-    chats = traces.multi_turn_chats(n_requests // 2, seed=seed, concurrency=6, system_prompts=4,
-                                    system_tokens=(150, 300), turns=(2, 5), user_tokens=(10, 40),
-                                    reply_tokens=(10, 40), max_context=1400)
-    agents = traces.agent_tasks(n_requests - n_requests // 2, seed=seed + 1, agents=3, prefix_tokens=(300, 500),
-                                task_tokens=(20, 60), steps=(2, 4), action_tokens=(10, 30),
-                                observation_tokens=(20, 80), concurrency=4, max_context=1400)
-    return traces.merge(chats, agents, name="chats+agents")
-
-
-def documents_trace(n_requests: int, seed: int) -> traces.Trace:
-    """Chats under 12 short system prompts (100-160 tokens) whose messages are long pasted
-    documents (300-450 tokens): a new chat's system prompt is 20-35% of its prompt, so the
-    approximate tree, which needs a 30% match, mostly places it as if new (the smallest
-    tree), while the exact probe sees the cached system prompt (min_match 10%). Each
-    tenant then spreads over every replica, its system prompt cached (and evicted) on each."""
-    return traces.multi_turn_chats(n_requests, seed=seed, concurrency=8, system_prompts=12,
-                                   system_tokens=(100, 160), turns=(1, 2), user_tokens=(300, 450),
-                                   reply_tokens=(10, 40), max_context=1400)
 
 
 def run_router(cluster: wc.Cluster, router: str, trace: traces.Trace, response_tokens: int,
@@ -74,10 +52,8 @@ def run_router(cluster: wc.Cluster, router: str, trace: traces.Trace, response_t
     per_replica: dict[str, int] = {m.name: 0 for m in cluster.members}
     t0 = time.perf_counter()
     for i in range(len(trace)):
-        tokens = trace.prompt_token_ids(i)
-        first = int(trace.seg_len[trace.prompt(i)[0]])
-        r = cluster.complete(tokens, response_tokens=response_tokens,
-                             prefix_checkpoint_len=first if first < len(tokens) else None)
+        r = cluster.complete(trace.prompt_token_ids(i), response_tokens=response_tokens,
+                             prefix_checkpoint_len=first_segment(trace, i))
         cluster.wait_for_saves()
         s = r.stats
         reused = s.prompt_tokens - s.prefilled_tokens
@@ -94,6 +70,14 @@ def run_router(cluster: wc.Cluster, router: str, trace: traces.Trace, response_t
             "ttft_p95_ms": 1000 * ttfts[min(len(ttfts) - 1, int(0.95 * len(ttfts)))] if ttfts else None,
             "load_spread": max(counts) / min(counts) if min(counts) else float("inf"),
             "per_replica": per_replica, "wall_s": wall, "decisions": len(cluster.routing.log) - start}
+
+
+def cache_storage() -> str:
+    """The storage a replica's cache_tiers get (configure_cache's default: the replicas
+    configure their cache without naming one), e.g. 'rows' or 'chunks/64'."""
+    params = inspect.signature(wb.configure_cache).parameters
+    storage = str(params["storage"].default)
+    return f"{storage}/{params['chunk_size'].default}" if storage == "chunks" else storage
 
 
 def table(rows: list[dict[str, Any]]) -> str:
@@ -124,7 +108,8 @@ def main() -> None:
                     help='cache_affinity\'s router options, e.g. \'{"share_weight": 3}\'')
     args = ap.parse_args()
     trace = make_trace(args.requests, args.seed, args.trace)
-    print(f"trace: {trace.describe()}", file=sys.stderr)
+    storage = cache_storage()
+    print(f"trace: {trace.describe()}; cache storage: {storage}", file=sys.stderr)
     # no bound on one native step: on a loaded machine (4 replicas on 2 cores) a long
     # prefill may pass the default 30 s, and the token counts are what this measures
     cluster = wc.start(replicas=args.replicas, threads=args.threads, n_ctx=2048, n_seq_max=2, decode_budget_ms=0,
@@ -141,6 +126,7 @@ def main() -> None:
     print(table(rows))
     if args.json:
         args.json.write_text(json.dumps({"replicas": args.replicas, "threads": args.threads, "trace_kind": args.trace,
+                                         "cache_mib": args.cache_mib, "cache_storage": storage,
                                          "trace": trace.describe(), "results": rows}, indent=2, default=str))
 
 

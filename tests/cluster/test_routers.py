@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import collections
+import itertools
 import pickle
+import random
 
 import pytest
 
@@ -56,7 +59,7 @@ def test_cache_affinity_below_min_match_routes_by_load_and_share():
 
 
 def test_cache_affinity_balances_cheap_moves_but_keeps_a_conversation_where_it_is_cached():
-    ca = CacheAffinity(window=10, share_weight=1.0)
+    ca = CacheAffinity(window=10, share_weight=1.0, balance_rel=10.0)  # the share term alone, no guard
     both = facts((0, 0, 60), (0, 0, 60))  # new chats under a system prompt both replicas hold
     assert [ca.choose(REQ, both).replica for _ in range(4)] == [0, 1, 0, 1]
     # turns of a chat cached on replica 0 (95 vs 60 tokens: 0.35 ahead) stay there until
@@ -75,6 +78,112 @@ def test_cache_affinity_with_nothing_cached_goes_where_the_prefix_went_before():
     assert other.replica != first.replica and other.reason == "no prefix >= 10% cached: balance"
     again = ca.choose(RouteRequest(tuple(range(90)) + (7, 7)), cold)  # evicted everywhere since
     assert again == Decision(first.replica, "nothing cached; sent here before (98%)")  # 90 of 92
+
+
+def test_cache_affinity_spread_guard_skips_a_replica_past_its_share_of_the_window():
+    ca = CacheAffinity(window=8)
+    hot = facts((0, 0, 90), (0, 0, 0), (0, 0, 0), (0, 0, 0))  # a tenant cached on r0 alone
+    picks = [ca.choose(REQ, hot) for _ in range(10)]
+    # 90% cached outweighs the share term, so r0 takes the window's first 8 picks; then it
+    # holds 8 of 8 (>= 1.5 x the mean 2) and is skipped until it is back under 1.5x
+    assert [d.replica for d in picks[:8]] == [0] * 8
+    assert picks[8].replica != 0 and picks[9].replica not in (0, picks[8].replica)
+    assert picks[8].reason == "no prefix >= 10% cached: balance; skipped r0: past 1.5x a fair share of the last 8"
+    # a turn that another eligible replica also holds goes there, its reason naming both
+    d = ca.choose(REQ, facts((0, 0, 90), (0, 0, 80), (0, 0, 0), (0, 0, 0)))
+    assert d.replica == 1 and d.reason.startswith("80 of 100 tokens cached (balance over 90 on r0); skipped r0")
+
+
+def test_cache_affinity_cold_request_leaves_a_replica_past_its_share():
+    """With nothing cached anywhere a request costs the same everywhere: the history of a
+    replica that already took more than its share does not pull the tenant back there."""
+    ca = CacheAffinity(balance_rel=10.0)  # the spread guard off: this rule alone
+    tenants = [RouteRequest(tuple(range(t * 1000, t * 1000 + 100))) for t in range(4)]
+    cold = facts(*[(0, 0, 0)] * 4)
+    homes = [ca.choose(t, cold).replica for t in tenants]
+    assert sorted(homes) == [0, 1, 2, 3]  # new tenants spread
+    a_cached = facts(*[(0, 0, 95 if i == homes[0] else 0) for i in range(4)])
+    assert all(ca.choose(tenants[0], a_cached).replica == homes[0] for _ in range(4))  # its turns stay
+    # tenant 0's rows evicted everywhere: its home took 5 of 8 (mean 2), so balance decides
+    again = ca.choose(RouteRequest(tuple(range(90)) + (7, 7)), cold)
+    assert again.replica != homes[0]
+    assert again.reason == f"nothing cached; sent before to r{homes[0]}, past its share: balance"
+    # tenant 1's home is within its share: its evicted tenant comes back to it
+    back = ca.choose(RouteRequest(tuple(range(1000, 1090)) + (7, 7)), cold)
+    assert back == Decision(homes[1], "nothing cached; sent here before (98%)")
+
+
+class PromptCaches:
+    """A scripted cluster: each replica caches the last ``capacity`` prompts it served, and
+    its probe is the longest prefix of any of them."""
+
+    def __init__(self, replicas: int, capacity: int) -> None:
+        self.held: list[dict[tuple[int, ...], None]] = [{} for _ in range(replicas)]
+        self.capacity = capacity
+
+    def facts(self, prompt: tuple[int, ...]) -> list[ReplicaFacts]:
+        return [ReplicaFacts(k, f"r{k}", 0, 0, max((common(prompt, p) for p in held), default=0))
+                for k, held in enumerate(self.held)]
+
+    def serve(self, k: int, prompt: tuple[int, ...]) -> None:
+        held = self.held[k]
+        held.pop(prompt, None)
+        held[prompt] = None
+        while len(held) > self.capacity:
+            del held[next(iter(held))]
+
+
+def common(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def popular_tenant_chats(seed: int = 0, conversations: int = 30, turns: int = 3) -> list[tuple[tuple[int, ...], int]]:
+    """(prompt, turn) of 3-turn chats, 4 open at a time, under 4 tenants' 60-token system
+    prompts, 60% of the chats under tenant 0; each turn adds 10 tokens."""
+    rng = random.Random(seed)
+    system = [tuple(range(1000 * (t + 1), 1000 * (t + 1) + 60)) for t in range(4)]
+    fresh = itertools.count(10**6)
+    live: list[list] = []
+    out, started = [], 0
+    while started < conversations or live:
+        if started < conversations and len(live) < 4:
+            live.append([system[0 if rng.random() < 0.6 else rng.randrange(1, 4)], 0])
+            started += 1
+            continue
+        chat = rng.choice(live)
+        chat[0] = chat[0] + tuple(next(fresh) for _ in range(10))
+        chat[1] += 1
+        out.append((chat[0], chat[1]))
+        if chat[1] == turns:
+            live.remove(chat)
+    return out
+
+
+@pytest.mark.parametrize("replicas", [2, 4])
+def test_cache_affinity_spreads_a_popular_tenant_and_keeps_its_conversations(replicas):
+    """A popular tenant (60% of the chats, its system prompt first cached on one replica):
+    every replica serves within 1.5x of the others' requests, the tenant spreading over
+    several where one cannot take its share, while a next turn with most of its prompt
+    cached on one replica stays there (all but a few the spread guard moves)."""
+    cluster, ca = PromptCaches(replicas, capacity=2), CacheAffinity()
+    served = collections.Counter()
+    tenant0 = collections.Counter()
+    kept = movable = 0
+    for prompt, turn in popular_tenant_chats():
+        probe = cluster.facts(prompt)
+        d = ca.choose(RouteRequest(prompt), probe)
+        holder = max(probe, key=lambda f: f.cached_prefix_len or 0)
+        if turn > 1 and (holder.cached_prefix_len or 0) >= 0.8 * len(prompt):
+            movable += 1
+            kept += d.replica == holder.index
+        cluster.serve(d.replica, prompt)
+        served[d.replica] += 1
+        tenant0[d.replica] += prompt[0] == 1000
+    counts = [served[k] for k in range(replicas)]
+    assert max(counts) <= 1.5 * min(counts), counts
+    if sum(tenant0.values()) > 1.5 * sum(counts) / replicas:  # more than one replica can take: spread
+        assert sum(1 for n in tenant0.values() if n) >= 2, tenant0
+    assert kept >= 0.9 * movable and movable > 30, (kept, movable)
 
 
 def test_cache_affinity_imbalance_guard_overrides_the_cache():

@@ -135,10 +135,17 @@ class CacheAffinity:
     every in-flight count is 0): a request whose best replica holds little more of it
     than another (a new conversation under a system prompt both hold) goes where fewer
     requests went lately, while a conversation's next turn (most of its prompt cached on
-    one replica) stays. Once in-flight loads are imbalanced (the anchors' guard), least
+    one replica) stays. It cannot move a popular tenant's new chats off the one replica
+    caching its system prompt (they find 85% there, nothing elsewhere), so the spread
+    guard: a replica past ``balance_rel`` x its fair share of the window's picks is
+    skipped while another is below it (the anchors' 1.5x, on recent picks rather than
+    in-flight requests). Once in-flight loads are imbalanced (the anchors' guard), least
     loaded. When no replica caches enough of the prompt (a new prefix, or one evicted
-    everywhere), the prompts it routed before decide (a prefix tree per replica, as the
-    approximate router keeps, matched above ``history_threshold``), then balance.
+    everywhere), the request costs the same prefill wherever it goes, so that is where
+    balance is free: the prompts it routed before (a prefix tree per replica, as the
+    approximate router keeps, matched above ``history_threshold``) count only for a
+    replica within its fair share (this router's placements there <= their mean over the
+    replicas eligible); past it, balance decides.
     """
 
     name = "cache_affinity"
@@ -157,6 +164,7 @@ class CacheAffinity:
         self.history_threshold = check_number("history_threshold", history_threshold, 0.0, 1.0, where=where)
         self.max_tree_size = check_int("max_tree_size", max_tree_size, 1, None, where=where)
         self._recent: collections.deque[int] = collections.deque(maxlen=self.window)
+        self._placed: collections.Counter[int] = collections.Counter()  # every pick, per replica
         self._trees: dict[tuple[int, str], PrefixTree] = {}
 
     def choose(self, request: RouteRequest, replicas: Sequence[ReplicaFacts]) -> Decision:
@@ -175,36 +183,57 @@ class CacheAffinity:
             excess = (recent[r.index] - fewest) / self.window
             return match(r) - self.load_weight * r.load - self.share_weight * excess
 
-        best = max(replicas, key=lambda r: (score(r), -r.load, -recent[r.index], -r.index))
+        eligible = self._within_cap(replicas, recent)
+        best = max(eligible, key=lambda r: (score(r), -r.load, -recent[r.index], -r.index))
         if match(best) == 0.0:
-            return self._unmatched(request, replicas, score)
-        top = max(replicas, key=match)
-        reason = f"{best.cached_prefix_len} of {request.length} tokens cached"
-        if match(top) > match(best):
-            reason += f" (balance over {top.cached_prefix_len} on {top.name})"
-        return self._chose(best.index, reason, request)
+            index, reason = self._unmatched(request, eligible, score)
+        else:
+            index, reason = best.index, f"{best.cached_prefix_len} of {request.length} tokens cached"
+            top = max(replicas, key=match)
+            if match(top) > match(best):
+                reason += f" (balance over {top.cached_prefix_len} on {top.name})"
+        if len(eligible) < len(replicas):
+            skipped = ", ".join(r.name for r in replicas if r not in eligible)
+            reason += f"; skipped {skipped}: past {self.balance_rel:g}x a fair share of the last {len(self._recent)}"
+        return self._chose(index, reason, request)
+
+    def _within_cap(self, replicas: Sequence[ReplicaFacts], recent: collections.Counter[int]) -> list[ReplicaFacts]:
+        """The spread guard: once the window holds 2 picks per replica, one past
+        ``balance_rel`` x the mean of its picks takes no request while another is below it."""
+        mean = len(self._recent) / len(replicas)
+        ok = [r for r in replicas if recent[r.index] < self.balance_rel * mean]
+        return ok if mean >= 2 and ok else list(replicas)
 
     def _unmatched(self, request: RouteRequest, replicas: Sequence[ReplicaFacts],
-                   score: Callable[[ReplicaFacts], float]) -> Decision:
+                   score: Callable[[ReplicaFacts], float]) -> tuple[int, str]:
         """Nothing worth reusing is cached anywhere (new, or evicted): go where this prefix
-        was sent before, if it was (the approximate history keeps a tenant's prompts on one
-        replica, so a cache under pressure is not split between tenants), else balance."""
+        was sent before, if it was and that replica is within its fair share (the history
+        keeps a tenant's prompts on one replica, so a cache under pressure is not split
+        between tenants; a replica past its share would keep every tenant it ever held),
+        else balance."""
         n = max(1, request.length)
+        fair = sum(self._placed[r.index] for r in replicas) / len(replicas)
         seen = {r.index: self._history(r.index, request).match(request.prompt) / n for r in replicas}
+        held = {i for i, m in seen.items() if m > self.history_threshold}
+        within = {r.index for r in replicas if r.index in held and self._placed[r.index] <= fair}
 
         def history_score(r: ReplicaFacts) -> float:
-            return (seen[r.index] if seen[r.index] > self.history_threshold else 0.0) + score(r)
+            return (seen[r.index] if r.index in within else 0.0) + score(r)
 
         best = max(replicas, key=lambda r: (history_score(r), -r.load, -r.index))
-        if seen[best.index] > self.history_threshold:
-            return self._chose(best.index, f"nothing cached; sent here before ({seen[best.index]:.0%})", request)
-        return self._chose(best.index, f"no prefix >= {self.min_match:.0%} cached: balance", request)
+        if best.index in within:
+            return best.index, f"nothing cached; sent here before ({seen[best.index]:.0%})"
+        if held - within:
+            names = ", ".join(r.name for r in replicas if r.index in held - within)
+            return best.index, f"nothing cached; sent before to {names}, past its share: balance"
+        return best.index, f"no prefix >= {self.min_match:.0%} cached: balance"
 
     def _history(self, index: int, request: RouteRequest) -> PrefixTree:
         return self._trees.setdefault((index, request.cache_scope), PrefixTree(self.max_tree_size))
 
     def _chose(self, index: int, reason: str, request: RouteRequest | None = None) -> Decision:
         self._recent.append(index)
+        self._placed[index] += 1
         if request is not None:
             self._history(index, request).insert(request.prompt)
         return Decision(index, reason)
