@@ -156,3 +156,16 @@ def test_cache_info_names_the_storage_in_both():
     assert wb.cache_info()["storage"] == "chunks"
     wb.configure_cache([{"kind": "ram"}], storage="rows")
     assert wb.cache_info()["storage"] == "rows"
+
+
+def test_a_chain_shorter_than_a_row_worth_keeping_is_a_miss():
+    """A prompt agreeing with stored chunks on fewer than 16 leading tokens (a template's
+    opening) is cold, as with whole rows; from 16 on the chain serves it (partial)."""
+    save_all()
+    c = cache()
+    assert c.lookup(NS, PREFIX[:10] + [999] * 30) is None
+    assert c.cached_prefix_len(NS, PREFIX[:10] + [999] * 30) == 0
+    hit = c.lookup(NS, PREFIX[:20] + [999] * 30)
+    assert hit is not None and hit.key is None and hit.n_tokens == 20
+    counters = c.counters()
+    assert (counters["misses_cold"], counters["hits_partial"]) == (1, 1)
