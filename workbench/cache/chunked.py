@@ -69,11 +69,18 @@ class _Prefixes:
         return key in self._store
 
 
+#: The shortest chain no row names that a lookup serves (the default of the load option
+#: cache_min_tokens, the shortest prefix worth a row): a prompt agreeing with a stored chunk
+#: on a few leading tokens only (a chat template's opening) is cold, as with whole rows,
+#: rather than a partial hit joining a chunk to reuse those few tokens.
+MIN_CHAIN_TOKENS = 16
+
+
 class ChunkedCache(QueuedSaves):
     storage = "chunks"
 
     def __init__(self, store: ChunkStore, *, dir_kind: str | None = None, save_workers: int = 2,
-                 max_pending_saves: int = 8) -> None:
+                 max_pending_saves: int = 8, min_chain_tokens: int = 1) -> None:
         self._lock: threading.RLock = store.lock
         if dir_kind is not None and store.tiers[-1].persistent:
             store.tiers[-1].kind = dir_kind  # 'disk' or 'shm': what the store's directory is
@@ -87,6 +94,7 @@ class ChunkedCache(QueuedSaves):
         self._max_pending = max_pending_saves
         self._row_hits: dict[str, tuple[int, float]] = {}  # row -> (hits, last hit)
         self.default_policy: PolicySpec = DEFAULT_POLICY  # an added tier's policy when it names none
+        self.min_chain_tokens = min_chain_tokens  # chunked_cache: MIN_CHAIN_TOKENS
 
     @property
     def chunk_size(self) -> int:
@@ -151,7 +159,7 @@ class ChunkedCache(QueuedSaves):
         start = time.perf_counter_ns()
         raw = keys.token_bytes(tokens)
         with self._lock:
-            m = self._store.lookup(keys.digest_of(namespace), raw)
+            m = self._served(self._store.lookup(keys.digest_of(namespace), raw))
             hit = None if m is None else ChunkHit(m.key, m.n_tokens, m.chunks, tier_of(self._store, m.chunks))
         self._count_kind(0 if hit is None else hit.n_tokens, len(raw) // 4)
         self._counters.inc("lookup_ns", time.perf_counter_ns() - start)
@@ -207,8 +215,12 @@ class ChunkedCache(QueuedSaves):
     def cached_prefix_len(self, namespace: CacheNamespace | bytes, tokens: Tokens) -> int:
         """Length of the longest stored prefix; a probe, so no counters move."""
         with self._lock:
-            m = self._store.lookup(keys.digest_of(namespace), keys.token_bytes(tokens))
+            m = self._served(self._store.lookup(keys.digest_of(namespace), keys.token_bytes(tokens)))
         return 0 if m is None else m.n_tokens
+
+    def _served(self, m: Any) -> Any:
+        """A store match, or None for a chain no row names shorter than min_chain_tokens."""
+        return None if m is None or (m.key is None and m.n_tokens < self.min_chain_tokens) else m
 
     def __contains__(self, key: object) -> bool:
         with self._lock:
@@ -314,6 +326,6 @@ def chunked_cache(tiers: Sequence[tuple[Tier, PolicySpec | None]], policy: Polic
         store = ChunkStore(tiers=built, chunk_size=chunk_size)
     except ValueError as e:
         raise InvalidOption("tiers", [t.name for t, _ in tiers], f"{CHUNK_TIERS} ({e})", "cache") from None
-    cache = ChunkedCache(store, **pool)
+    cache = ChunkedCache(store, min_chain_tokens=MIN_CHAIN_TOKENS, **pool)
     cache.default_policy = policy
     return cache
