@@ -67,7 +67,7 @@ def rows_warm(model: str, prompt: list[int], root: Path, shm_root: Path) -> dict
     """Whole rows: RAM, then demoted to shm, then to disk."""
     wb.configure_cache([{"kind": "ram", "budget_bytes": BIG},
                         {"kind": "shm", "root": str(shm_root / "rows"), "budget_bytes": BIG},
-                        {"kind": "disk", "root": str(root / "rows"), "budget_bytes": BIG}])
+                        {"kind": "disk", "root": str(root / "rows"), "budget_bytes": BIG}], storage="rows")
     saved = wb.prefill_only(model, prompt)
     wb.wait_for_saves()                           # time the restore alone, not beside a write
     row = next(r for r in wb.cache_rows() if r["key"] == saved.finish_key)
@@ -177,11 +177,11 @@ def main() -> int:
         if args.chat:
             out["chats"] = cache_traces.storage_table(
                 "chats", lambda m: cache_traces.chats(m, args.chats, args.turns, args.reply_tokens),
-                chunk_sizes, args.threads, flash[0])
+                chunk_sizes, args.threads, flash[0], args.storage)
         if args.fleet:
             out["fleet"] = cache_traces.storage_table(
                 "fleet", lambda m: cache_traces.fleet(m, args.agents, args.reply_tokens),
-                chunk_sizes, args.threads, flash[0])
+                chunk_sizes, args.threads, flash[0], args.storage)
     else:
         sizes = [int(s) for s in args.sizes.split(",")]
         for fa in flash:

@@ -141,7 +141,7 @@ def run_trace(converse: Callable[[str], None], storage: str, chunk_size: int, th
     """One configuration: a fresh cache on a fresh directory, the trace through the engine."""
     root = Path(tempfile.mkdtemp(prefix="wb-bench-trace-"))
     tier = {"kind": "disk", "root": str(root / "cache"), "budget_bytes": 8 * 2**30}
-    extra = {"storage": "chunks", "chunk_size": chunk_size} if storage == "chunks" else {}
+    extra = {"storage": "chunks", "chunk_size": chunk_size} if storage == "chunks" else {"storage": "rows"}
     wb.configure_cache([tier], **extra)
     model = wb.load_model(n_threads=threads, n_ctx=8192, n_seq_max=1, flash_attn=flash_attn, decode_budget_ms=0)
     try:
@@ -160,10 +160,12 @@ def run_trace(converse: Callable[[str], None], storage: str, chunk_size: int, th
 
 
 def storage_table(name: str, converse: Callable[[str], None], chunk_sizes: list[int], threads: int,
-                  flash_attn: str) -> list[dict[str, Any]]:
-    """Whole rows, then chunk storage at each chunk size, on the same trace; printed."""
-    out = [run_trace(converse, "rows", 0, threads, flash_attn)]
-    out += [run_trace(converse, "chunks", cs, threads, flash_attn) for cs in chunk_sizes]
+                  flash_attn: str, storage: str = "both") -> list[dict[str, Any]]:
+    """Whole rows, then chunk storage at each chunk size, on the same trace (``storage``:
+    'rows', 'chunks' or 'both'); printed."""
+    out = [run_trace(converse, "rows", 0, threads, flash_attn)] if storage in ("rows", "both") else []
+    if storage in ("chunks", "both"):
+        out += [run_trace(converse, "chunks", cs, threads, flash_attn) for cs in chunk_sizes]
     first = out[0]
     print(f"\n{name}: {first['rows']} rows of {min(first['row_tokens'], default=0)}-"
           f"{max(first['row_tokens'], default=0)} tokens, {first['distinct_tokens']} distinct tokens, "

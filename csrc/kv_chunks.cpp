@@ -126,27 +126,49 @@ std::vector<std::vector<uint32_t>> position_maps(const SeqState & s, uint32_t & 
     return perms;
 }
 
+// The chunks' end positions: `ends` when given (strictly increasing, the last n), else
+// every chunk_size positions (the tail chunk shorter).
+std::vector<uint32_t> chunk_ends(uint32_t n, uint32_t chunk_size, const std::vector<uint32_t> & ends) {
+    if (ends.empty()) {
+        if (chunk_size == 0) refuse("state_cut", "chunk_size must be at least 1");
+        std::vector<uint32_t> grid;
+        for (uint64_t e = chunk_size; e < n; e += chunk_size) grid.push_back((uint32_t)e);
+        if (n > 0) grid.push_back(n);
+        return grid;
+    }
+    uint32_t prev = 0;
+    for (uint32_t e : ends) {
+        if (e <= prev) refuse("state_cut", "chunk ends must increase from above 0");
+        prev = e;
+    }
+    if (prev != n) {
+        refuse("state_cut", "the last chunk ends at " + std::to_string(prev) + ", the state holds " +
+                                std::to_string(n) + " cells");
+    }
+    return ends;
+}
+
 py::list cut(const Context & ctx, std::string_view state, const std::vector<py::bytes> & keys, uint32_t chunk_size,
-             size_t first) {
-    if (chunk_size == 0) refuse("state_cut", "chunk_size must be at least 1");
+             size_t first, const std::vector<uint32_t> & want_ends) {
     SeqState s;
     if (std::string why = parse_seq_state(state, state_limits(ctx), s); !why.empty()) {
         refuse("state_cut", "not a sequence state of this context (" + why + ")");
     }
     uint32_t n = 0;
     const auto perms = position_maps(s, n);
-    const size_t n_chunks = ((size_t)n + chunk_size - 1) / chunk_size;
+    const std::vector<uint32_t> ends = chunk_ends(n, chunk_size, want_ends);
+    const size_t n_chunks = ends.size();
     if (keys.size() != n_chunks) {
-        refuse("state_cut", std::to_string(keys.size()) + " keys for " + std::to_string(n) + " cells in chunks of " +
-                                std::to_string(chunk_size) + " (expected " + std::to_string(n_chunks) + ")");
+        refuse("state_cut", std::to_string(keys.size()) + " keys for " + std::to_string(n) + " cells in " +
+                                std::to_string(n_chunks) + " chunks");
     }
     if (first > n_chunks) refuse("state_cut", "first chunk " + std::to_string(first) + " is past the last");
     const std::string layout = layout_of(s);
     const uint16_t flags = (s.ext ? 1 : 0) | (s.with_v ? 2 : 0);
     py::list out;
     for (size_t c = first; c < n_chunks; ++c) {
-        const uint32_t p0 = (uint32_t)(c * chunk_size);
-        const uint32_t len = std::min<uint32_t>(chunk_size, n - p0);
+        const uint32_t p0 = c ? ends[c - 1] : 0;
+        const uint32_t len = ends[c] - p0;
         const std::string key = key_at(keys, c, "state_cut");
         std::string head(CHUNK_MAGIC, sizeof(CHUNK_MAGIC));
         put(head, CHUNK_VERSION), put(head, flags), put(head, p0), put(head, len);
@@ -171,8 +193,8 @@ py::list cut(const Context & ctx, std::string_view state, const std::vector<py::
 
 // The sequence's state copied out of llama.cpp into the scratch bytearray, then cut.
 py::list get_chunks(Context & ctx, llama_seq_id seq, const std::vector<py::bytes> & keys, uint32_t chunk_size,
-                    size_t first, const py::object & scratch) {
-    if (scratch.is_none()) return cut(ctx, state_seq_bytes(ctx, seq), keys, chunk_size, first);
+                    size_t first, const py::object & scratch, const std::vector<uint32_t> & ends) {
+    if (scratch.is_none()) return cut(ctx, state_seq_bytes(ctx, seq), keys, chunk_size, first, ends);
     check_seq(ctx, seq);
     llama_context * c = ctx.get();
     size_t size = 0;
@@ -186,24 +208,28 @@ py::list get_chunks(Context & ctx, llama_seq_id seq, const std::vector<py::bytes
         py::gil_scoped_release release;
         got = llama_state_seq_get_data_ext(c, reinterpret_cast<uint8_t *>(buf.data()), size, seq, 0);
     }
-    return cut(ctx, std::string_view(buf.data(), got), keys, chunk_size, first);
+    return cut(ctx, std::string_view(buf.data(), got), keys, chunk_size, first, ends);
 }
 
 }  // namespace
 
 void bind_kv_chunks(py::class_<Context, std::shared_ptr<Context>> & cls) {
     cls.def("state_cut", [](Context & self, py::bytes state, const std::vector<py::bytes> & keys, uint32_t chunk_size,
-                            size_t first) { return cut(self, std::string_view(state), keys, chunk_size, first); },
+                            size_t first, const std::vector<uint32_t> & ends) {
+                return cut(self, std::string_view(state), keys, chunk_size, first, ends);
+            },
             py::arg("state"), py::arg("keys"), py::arg("chunk_size"), py::arg("first") = 0,
-            "Cut a sequence state into chunks of chunk_size positions, chunk i tagged with keys[i]; "
-            "returns chunks first.. . ValueError when the state is not one sequence holding "
-            "positions 0 .. n-1 of this context, or the keys do not match the chunk count.")
+            py::arg("ends") = std::vector<uint32_t>{},
+            "Cut a sequence state into chunks of chunk_size positions (or ending at `ends`, "
+            "increasing, the last the state's cell count), chunk i tagged with keys[i]; returns "
+            "chunks first.. . ValueError when the state is not one sequence holding positions "
+            "0 .. n-1 of this context, or the keys do not match the chunk count.")
         .def("state_join", &kvchunk::join, py::arg("pieces"), py::arg("keys"), py::arg("n_tokens") = 0,
              "Join chunks (tagged keys[0..]) into one sequence state of their positions, or of the "
              "first n_tokens (inside the last chunk). ValueError, nothing built, when a chunk's "
              "key, position, layout or size is not what the chain needs.")
         .def("state_seq_get_chunks", &get_chunks, py::arg("seq"), py::arg("keys"), py::arg("chunk_size"),
-             py::arg("first") = 0, py::arg("scratch") = py::none(),
+             py::arg("first") = 0, py::arg("scratch") = py::none(), py::arg("ends") = std::vector<uint32_t>{},
              "state_cut(state_seq_get(seq), ...) without the intermediate bytes; the state is copied "
              "out of llama.cpp into `scratch` (a bytearray kept between calls, grown as needed).")
         .def("state_seq_set_chunks", &kvchunk::set_chunks, py::arg("seq"), py::arg("pieces"), py::arg("keys"),

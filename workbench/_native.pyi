@@ -91,16 +91,18 @@ class Context:
     def state_seq_set(self, seq: int, data: bytes) -> int:
         """Bytes read; 0 when llama.cpp refused the state. ValueError ('state_seq_set: refused a
         malformed sequence state (<reason>)'), nothing restored, when it does not fit this context."""
-    def state_cut(self, state: bytes, keys: list[bytes], chunk_size: int, first: int = 0) -> list[bytes]:
-        """The state cut into chunks of chunk_size positions (chunk i tagged keys[i], 16 bytes),
-        chunks first.. (docs/cache.md, "Chunked state"). ValueError ('state_cut: <reason>') when
+    def state_cut(self, state: bytes, keys: list[bytes], chunk_size: int, first: int = 0,
+                  ends: list[int] = ...) -> list[bytes]:
+        """The state cut into chunks of chunk_size positions, or ending at ``ends`` (increasing,
+        the last the state's cell count; chunk i tagged keys[i], 16 bytes), chunks first..
+        (docs/cache.md, "Chunked state"). ValueError ('state_cut: <reason>') when
         it is not one sequence holding positions 0 .. n-1 or len(keys) is not the chunk count."""
     def state_join(self, pieces: list[bytes], keys: list[bytes], n_tokens: int = 0) -> bytes:
         """One sequence state from chunks that carry keys[0..] in order, positions following
         from 0, one KV layout and exact sizes (n_tokens > 0: only the first n_tokens positions,
         ending inside the last chunk); ValueError ('state_join: <reason>') otherwise."""
     def state_seq_get_chunks(self, seq: int, keys: list[bytes], chunk_size: int, first: int = 0,
-                             scratch: bytearray | None = None) -> list[bytes]:
+                             scratch: bytearray | None = None, ends: list[int] = ...) -> list[bytes]:
         """state_cut(state_seq_get(seq), ...), the state copied out of llama.cpp into
         ``scratch`` (grown when shorter; kept between calls, its pages stay mapped)."""
     def state_seq_set_chunks(self, seq: int, pieces: list[bytes], keys: list[bytes], n_tokens: int = 0,

@@ -25,10 +25,12 @@ class StoreCache:
     """lookup / get / put / pin / `in`, as reference_replay calls them on a TieredCache."""
 
     def __init__(self, root: str | None, size_bytes: int, policy: PolicySpec, clock: Callable[[], float],
-                 bytes_per_token: int, chunk_size: int) -> None:
+                 bytes_per_token: int, chunk_size: int,
+                 marks: Callable[[list[int]], tuple[int, ...]] = lambda tokens: ()) -> None:
         self.store = ChunkStore(root, size_bytes, chunk_size=chunk_size, policy=policy, clock=clock)
         self.cache = ChunkedCache(self.store)
         self.bpt = bytes_per_token
+        self.marks = marks                      # where the shared prefixes a row holds end
         self.trail: list[tuple[int, int]] = []   # (used bytes, evictions) before each lookup
         self._hit: ChunkHit | None = None
 
@@ -48,24 +50,25 @@ class StoreCache:
         return self.cache.read(self._hit)
 
     def put(self, ns: CacheNamespace, tokens: list[int], payload: bytes, why: str) -> None:
-        size = self.store.chunk_size
-        first = self.cache.missing(ns, tokens)
-        n = -(-len(tokens) // size)
-        pieces = [bytes(min(size, len(tokens) - size * i) * self.bpt) for i in range(first, n)]
-        self.cache.put(ns, tokens, pieces, why)
+        plan = self.cache.plan(ns, tokens, self.marks(tokens))
+        starts = [0, *plan.ends[:-1]]
+        pieces = [bytes((end - start) * self.bpt) for start, end in zip(starts, plan.ends)][plan.first:]
+        self.cache.put(ns, tokens, pieces, why, ends=plan.ends)
 
     def pin(self, key: str) -> None:
         self.cache.pin(key)
 
 
 def store_cache(root: str | None, bytes_per_token: int, chunk_size: int,
-                made: list[StoreCache] | None = None) -> Callable[..., Any]:
+                made: list[StoreCache] | None = None,
+                marks: Callable[[list[int]], tuple[int, ...]] = lambda tokens: ()) -> Callable[..., Any]:
     """A cache_factory for reference_replay: a fresh store per call, in a new directory
-    under ``root`` (or in memory: None); each one made is appended to ``made``."""
+    under ``root`` (or in memory: None); each one made is appended to ``made``. ``marks``:
+    token ids -> where the shared prefixes they hold end (the engine's chunk boundaries)."""
 
     def make(size: int, policy: PolicySpec, clock: Callable[[], float]) -> StoreCache:
         cache = StoreCache(None if root is None else tempfile.mkdtemp(dir=root), size, policy, clock,
-                           bytes_per_token, chunk_size)
+                           bytes_per_token, chunk_size, marks)
         if made is not None:
             made.append(cache)
         return cache

@@ -10,8 +10,9 @@ import pytest
 
 from workbench import lab
 from workbench.cache.chunk_format import chunk_file_size, manifest_size
-from workbench.cache.keys import chunk_keys
+from workbench.cache.keys import chunk_ends, chunk_keys
 from workbench.lab import traces
+from workbench.lab.chunks import pinned_marks
 from workbench.lab.plan import NAMESPACE, Plan, build_plan
 from workbench.lab.traces import Trace
 
@@ -32,12 +33,13 @@ def test_chains_are_the_chunk_keys_of_the_real_tokens(workload: str) -> None:
              "rag": lambda: traces.rag_queries(150, seed=3, documents=30)}[workload]()
     plan = build_plan(trace, chunk_size=256)
     assert plan.chunks is not None
+    marks = pinned_marks(trace)
     n = 0
     for key, tokens in _rows(trace, plan):
         chain = plan.chunks.chain(key)
-        assert chain == [k.hex() for k in chunk_keys(NAMESPACE, tokens, 256)]
-        assert [plan.chunks.tokens[k] for k in chain] == [256] * (len(tokens) // 256) + (
-            [len(tokens) % 256] if len(tokens) % 256 else [])
+        ends = chunk_ends(len(tokens), 256, marks(tokens))  # the grid, restarted where a pinned prefix ends
+        assert chain == [k.hex() for k in chunk_keys(NAMESPACE, tokens, 256, ends)]
+        assert [plan.chunks.tokens[k] for k in chain] == [b - a for a, b in zip([0, *ends], ends)]
         n += 1
     assert n > 200
 

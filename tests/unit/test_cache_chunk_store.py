@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from crash_kills import kill_at_random, tmp_files
 
-from workbench.cache import keys
+from workbench.cache import chunk_format, keys
 from workbench.cache.chunk_format import CHUNK_SUFFIX, MANIFEST_SUFFIX, chunk_file_size
 from workbench.cache.chunk_store import ChunkStore
 from workbench.cache.format import CorruptRow, RowMeta
@@ -111,7 +111,7 @@ def test_scan_adopts_verified_rows_rejects_old_versions_and_collects_orphans(tmp
     publish_row(root, RowMeta(keys.row_key(NS, [1, 2]), NS, FP, keys.token_bytes([1, 2])), b"x" * 10)
     store._chunk_path(keys.chunk_keys(NS, list(range(30, 40)), CS)[0]).unlink()
     torn = root / ("ab" * 16 + CHUNK_SUFFIX)
-    torn.write_bytes(b"WBKVCHN\x00\x02\x00" + bytes(20))
+    torn.write_bytes(b"WBKVCHN\x00" + chunk_format.VERSION.to_bytes(2, "little") + bytes(20))
     fresh = ChunkStore(root, chunk_size=CS)
     rejected = fresh.scan()
     assert rejected == {"bad_version": 1, "missing_chunk": 1, "truncated": 1}
@@ -122,7 +122,8 @@ def test_scan_adopts_verified_rows_rejects_old_versions_and_collects_orphans(tmp
     assert sorted(p.name for p in root.iterdir()) == sorted(
         [k.hex() + CHUNK_SUFFIX for k in keys.chunk_keys(NS, a, CS)] + [keys.row_key(NS, a) + MANIFEST_SUFFIX])
     assert fresh.used == store.used - sum(
-        store.chunks[k].size for k in keys.chunk_keys(NS, list(range(30, 40)), CS)) - 160 - 40 - 48
+        store.chunks[k].size for k in keys.chunk_keys(NS, list(range(30, 40)), CS)) - chunk_format.manifest_size(
+        10, len(keys.chunk_keys(NS, list(range(30, 40)), CS)))
 
 
 def test_scan_absorbs_a_tail_a_killed_writer_left_beside_its_cover(tmp_path):
@@ -287,7 +288,7 @@ def test_sparse_huge_files_are_refused_without_being_read(tmp_path):
     assert time.monotonic() - start < 2 and not chunk.exists()
     manifest = root / ("cd" * 16 + MANIFEST_SUFFIX)
     head = bytearray(160)
-    head[:10] = b"WBKVMAN\x00\x02\x00"
+    head[:10] = b"WBKVMAN\x00" + chunk_format.VERSION.to_bytes(2, "little")
     struct.pack_into("<II", head, 20, 1 << 30, 1 << 28)  # a billion tokens
     manifest.write_bytes(bytes(head))
     with open(manifest, "r+b") as f:

@@ -17,6 +17,7 @@ from notebook.reference import reference_replay
 
 from workbench.cache import get_policy
 from workbench.lab import traces
+from workbench.lab.chunks import pinned_marks
 from workbench.lab.plan import build_plan, run_plan
 from workbench.lab.traces import Trace
 
@@ -62,17 +63,26 @@ def retokenised() -> Trace:
     return Trace.from_prompts([prompts[i] for i in order], name="retokenised")
 
 
-TRACES = {"chats": chats, "agents": agents, "retokenised": retokenised}
+def boundaries() -> Trace:
+    """A fleet whose pinned prefixes (agents' system prompts and tools) end inside a chunk
+    (37-59 tokens, chunks of 16): each is a chunk boundary (chunk_catalog.plan), stored once."""
+    return traces.agent_tasks(50, seed=5, agents=3, prefix_tokens=(37, 59), task_tokens=(3, 20),
+                              action_tokens=(2, 15), observation_tokens=(5, 40), concurrency=5)
 
 
-def compare(trace: Trace, policy: str, size: int, root: Path | None) -> dict[str, int]:
+TRACES = {"chats": chats, "agents": agents, "retokenised": retokenised, "boundaries": boundaries}
+
+
+def compare(trace: Trace, policy: str, size: int, root: Path | None,
+            made: list[StoreCache] | None = None) -> dict[str, int]:
     """Replay through both (the store's files under `root`, or in memory); assert equal
     outcomes and per-request state; the lab's totals."""
     lab = run_plan(build_plan(trace, checkpoint_every=EVERY, chunk_size=CHUNK), get_policy(policy), size, BPT,
                    timeline_every=1, record=True)
-    made: list[StoreCache] = []
+    made = [] if made is None else made
     ref = reference_replay(trace, policy, size, BPT, checkpoint_every=EVERY,
-                           cache_factory=store_cache(None if root is None else str(root), BPT, CHUNK, made))
+                           cache_factory=store_cache(None if root is None else str(root), BPT, CHUNK, made,
+                                                     pinned_marks(trace)))
     store = made[0]
     assert len(store.trail) == len(trace)   # one lookup per request: no one-token prompt
     after = [*store.trail[1:], store.state()]
@@ -107,3 +117,15 @@ def test_ties_between_continuing_chunks() -> None:
                                     turns=(1, 6), concurrency=6)
     lab = compare(trace, "lru", SMALL, None)
     assert lab["chunk_ties"] > 0
+
+
+def test_pinned_prefixes_ending_inside_a_chunk_are_boundaries_in_both() -> None:
+    trace = boundaries()
+    made: list[StoreCache] = []
+    lab = compare(trace, "lru", 10**7, None, made)   # nothing evicted
+    store = made[0].store
+    short_inner = [c for c in store.chunks.values() if c.n_tokens < CHUNK and store.children(c.key)]
+    assert short_inner and lab["evictions"] == 0
+    # one chain per agent's prefix, however many tasks continue it
+    firsts = [c for c in store.chunks.values() if c.parent is None]
+    assert len(firsts) == len({trace.prompt(i)[0] for i in range(len(trace))})

@@ -1,9 +1,12 @@
-"""Format version 2: KV chunk files and row manifests (the chunked cache, issue 14).
+"""Format version 3: KV chunk files and row manifests (the chunked cache, issue 14).
 
 A row is a manifest over chunks: chunk ``i`` of a row of ``tokens`` holds the KV of positions
-``[i * chunk_size, min(n, (i + 1) * chunk_size))`` and is keyed by
-``keys.chunk_keys(namespace, tokens, chunk_size)[i]``, which names (namespace, parent chunk
-key, its tokens): rows sharing a prefix share its chunks, stored once.
+``[ends[i - 1], ends[i])`` (``ends[-1]`` is 0) and is keyed by
+``keys.chunk_keys(namespace, tokens, chunk_size, ends)[i]``, which names (namespace, parent
+chunk key, its tokens): rows sharing a prefix cut at the same boundaries share its chunks,
+stored once. A chunk holds at most ``chunk_size`` positions; where a row's chunks end is the
+store's choice (the fixed grid, restarted where a shared prefix ends: chunk_catalog.py), so
+the manifest records it. Version 3 added the ends; files of version 2 are refused.
 
 Chunk file ``<chunk key>.kvc``, all integers little-endian, a 160-byte header
 (struct ``<8sHHIIIQ16s16s32s32s16sdQ``):
@@ -35,7 +38,7 @@ Manifest file ``<row key>.kvm``, a 160-byte header (struct ``<8sHHBBHIIIIdI16s32
       14     2   reserved         zero
       16     4   chunk_size
       20     4   n_tokens
-      24     4   n_chunks         ceil(n_tokens / chunk_size)
+      24     4   n_chunks         its chunks, each of 1 .. chunk_size positions
       28     4   hits
       32     8   created at       f64
       40     4   reserved         zero
@@ -43,8 +46,9 @@ Manifest file ``<row key>.kvm``, a 160-byte header (struct ``<8sHHBBHIIIIdI16s32
       60    32   namespace
       92    32   fingerprint
      124    28   reserved         zero
-     152     8   header checksum  xxh3-64 of bytes 0..151, the token bytes, the chunk keys
-     160  4*n    token ids, then 16 * n_chunks bytes of chunk keys
+     152     8   header checksum  xxh3-64 of bytes 0..151, the token bytes, the chunk keys, the ends
+     160  4*n    token ids, then 16 * n_chunks bytes of chunk keys, then n_chunks u32 chunk ends
+                 (increasing, the last n_tokens)
 
 Every key is recomputed on read (a chunk's from its parent or namespace and its tokens, a
 manifest's row key and chunk keys from its namespace and tokens), so a file can never be
@@ -63,7 +67,7 @@ from workbench.cache import keys
 from workbench.cache.format import CorruptReason, CorruptRow, open_regular
 from workbench.cache.types import SaveReason
 
-VERSION = 2
+VERSION = 3
 CHUNK_MAGIC = b"WBKVCHN\x00"
 MANIFEST_MAGIC = b"WBKVMAN\x00"
 CHUNK_SUFFIX = ".kvc"
@@ -112,10 +116,19 @@ class Manifest:
     created_at: float = 0.0
     hits: int = 0
     pinned: bool = False
+    ends: tuple[int, ...] = ()   # where each chunk ends; () means the fixed grid
+
+    def __post_init__(self) -> None:
+        if not self.ends:
+            object.__setattr__(self, "ends", tuple(keys.grid_ends(self.n_tokens, self.chunk_size)))
 
     @property
     def n_tokens(self) -> int:
         return len(self.tokens) // 4
+
+    def start_of(self, i: int) -> int:
+        """The first position of chunk ``i``."""
+        return self.ends[i - 1] if i else 0
 
 
 def chunk_file_size(n_tokens: int, payload_len: int) -> int:
@@ -123,16 +136,30 @@ def chunk_file_size(n_tokens: int, payload_len: int) -> int:
 
 
 def manifest_size(n_tokens: int, n_chunks: int) -> int:
-    return HEADER_SIZE + 4 * n_tokens + keys.KEY_SIZE * n_chunks
+    return HEADER_SIZE + 4 * n_tokens + (keys.KEY_SIZE + 4) * n_chunks
 
 
 def chunks_of(namespace: bytes, fingerprint: bytes, tokens: bytes, chunk_size: int,
-              created_at: float = 0.0) -> list[ChunkMeta]:
-    """The chunks a row of ``tokens`` is stored as (keys by ``keys.chunk_keys``)."""
-    ks = keys.chunk_keys(namespace, tokens, chunk_size)
-    step = 4 * chunk_size
-    return [ChunkMeta(k, ks[i - 1] if i else None, namespace, fingerprint, i * chunk_size,
-                      tokens[i * step:(i + 1) * step], created_at) for i, k in enumerate(ks)]
+              created_at: float = 0.0, ends: tuple[int, ...] | list[int] | None = None) -> list[ChunkMeta]:
+    """The chunks a row of ``tokens`` is stored as, ending at ``ends`` (default the fixed
+    grid; keys by ``keys.chunk_keys``)."""
+    if ends is None:
+        ends = keys.grid_ends(len(tokens) // 4, chunk_size)
+    ks = keys.chunk_keys(namespace, tokens, chunk_size, ends)
+    starts = [0, *ends[:-1]]
+    return [ChunkMeta(k, ks[i - 1] if i else None, namespace, fingerprint, starts[i],
+                      tokens[4 * starts[i]:4 * ends[i]], created_at) for i, k in enumerate(ks)]
+
+
+def check_ends(ends: tuple[int, ...] | list[int], n_tokens: int, chunk_size: int) -> bool:
+    """Chunk ends a manifest may hold: increasing, at most ``chunk_size`` apart, the last
+    ``n_tokens``."""
+    prev = 0
+    for end in ends:
+        if not prev < end <= prev + chunk_size:
+            return False
+        prev = end
+    return prev == n_tokens and bool(ends)
 
 
 # --- chunks ------------------------------------------------------------------------------
@@ -212,7 +239,7 @@ def encode_manifest(m: Manifest) -> bytes:
         MANIFEST_MAGIC, VERSION, FLAG_PINNED if m.pinned else 0, int(m.reason), 0, 0, m.chunk_size,
         m.n_tokens, len(m.chunks), min(m.hits, 0xFFFFFFFF), float(m.created_at), 0, key_raw,
         m.namespace, m.fingerprint, bytes(28), 0)
-    body = m.tokens + b"".join(m.chunks)
+    body = m.tokens + b"".join(m.chunks) + struct.pack(f"<{len(m.ends)}I", *m.ends)
     check = xxhash.xxh3_64_intdigest(header[:_CHECKED] + body)
     return header[:_CHECKED] + struct.pack("<Q", check) + body
 
@@ -233,8 +260,9 @@ def read_manifest(path: str | os.PathLike[str]) -> Manifest:
         raise CorruptRow(CorruptReason.HEADER_CHECKSUM)
     tokens = body[:4 * n_tokens]
     chunk_keys = tuple(body[4 * n_tokens + i * 16: 4 * n_tokens + (i + 1) * 16] for i in range(n_chunks))
-    if n_tokens < 1 or chunk_size < 1 or n_chunks != -(-n_tokens // chunk_size):
-        raise CorruptRow(CorruptReason.BAD_FIELD, "token or chunk count")
+    ends = struct.unpack_from(f"<{n_chunks}I", body, 4 * n_tokens + 16 * n_chunks)
+    if n_tokens < 1 or chunk_size < 1 or not check_ends(ends, n_tokens, chunk_size):
+        raise CorruptRow(CorruptReason.BAD_FIELD, "token count or chunk ends")
     try:
         save_reason = SaveReason(reason)
     except ValueError:
@@ -242,7 +270,7 @@ def read_manifest(path: str | os.PathLike[str]) -> Manifest:
     key = key_raw.hex()
     if keys.row_key_from_bytes(namespace, tokens) != key:
         raise CorruptRow(CorruptReason.KEY_MISMATCH, key)
-    if tuple(keys.chunk_keys(namespace, tokens, chunk_size)) != chunk_keys:
+    if tuple(keys.chunk_keys(namespace, tokens, chunk_size, ends)) != chunk_keys:
         raise CorruptRow(CorruptReason.KEY_MISMATCH, "chunk keys")
     return Manifest(key, namespace, fingerprint, tokens, chunk_size, chunk_keys, save_reason, created_at,
-                    hits, bool(flags & FLAG_PINNED))
+                    hits, bool(flags & FLAG_PINNED), tuple(ends))

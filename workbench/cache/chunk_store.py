@@ -2,8 +2,10 @@
 disk: `chunk_tiers.ChunkTier`, fastest first).
 
 A row of ``tokens`` is stored as the chunks ``chunk_format.chunks_of`` names (keys by
-``keys.chunk_keys``) plus a manifest; a chunk another row already stored is not written
-again, so a prefix shared by many rows, sessions or turns is stored once. What is kept per
+``keys.chunk_keys``, cut where ``ChunkCatalog.plan`` says: the stored chain the row follows,
+then the grid restarted at each mark where a shared prefix ends) plus a manifest; a chunk
+another row already stored is not written again, so a prefix shared by many rows, sessions
+or turns is stored once. What is kept per
 chunk (``ChunkInfo``): its size, its parent, the rows whose manifests name it (its
 refcount), how many stored chunks continue it (its children) and its policy bookkeeping.
 
@@ -36,6 +38,7 @@ refcount), how many stored chunks continue it (its children) and its policy book
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
@@ -45,7 +48,7 @@ from typing import Any
 
 from workbench.cache import keys
 from workbench.cache.chunk_backends import ChunkDir, ChunkGone
-from workbench.cache.chunk_catalog import ChunkCatalog, ChunkInfo
+from workbench.cache.chunk_catalog import ChunkCatalog, ChunkInfo, ChunkPlan
 from workbench.cache.chunk_format import CHUNK_SUFFIX, ChunkMeta, Manifest, manifest_size
 from workbench.cache.chunk_tier_moves import TierMoves
 from workbench.cache.chunk_tier_scan import scan_tiers
@@ -161,22 +164,29 @@ class ChunkStore(ChunkCatalog):
 
     def put_row(self, namespace: bytes, fingerprint: bytes, tokens: keys.Tokens,
                 pieces: Sequence[bytes], reason: SaveReason = SaveReason.FINISH, *,
-                pinned: bool = False) -> str | None:
-        """Store a row; ``pieces``: the payloads of its chunks from ``missing()`` on (chunks
-        stored already are not written again). Returns the row key, None when the row cannot
-        fit the budgets or its chunks before the cut went meanwhile (``saves_chunks_gone``).
-        ValueError when ``pieces`` start after the first missing chunk; OSError when a write
-        fails (nothing of the row is kept)."""
+                pinned: bool = False, ends: Sequence[int] | None = None) -> str | None:
+        """Store a row; ``pieces``: the payloads of its chunks from ``plan().first`` on, cut
+        at ``ends`` (the plan's; default: ``plan()`` now, with no marks). Chunks stored
+        already are not written again. Returns the row key, None when the row cannot fit the
+        budgets or its chunks before the cut went meanwhile (``saves_chunks_gone``).
+        ValueError when ``pieces`` start after the first chunk not stored, or ``ends`` are
+        not a row's chunk ends; OSError when a write fails (nothing of the row is kept)."""
         raw = keys.token_bytes(tokens)
         with self.lock:
             key = keys.row_key_from_bytes(namespace, raw)
             if key in self.rows:
                 self.counters.inc("saves_duplicate")
                 return key
-            plan = self.moves.plan_put(namespace, fingerprint, raw, pieces, SaveReason(reason), pinned)
+            cut = self.plan(namespace, raw).ends if ends is None else tuple(ends)
+            plan = self.moves.plan_put(namespace, fingerprint, raw, pieces, SaveReason(reason), pinned, cut)
         if plan is None:
             return None
         return self.moves.write_put(plan)
+
+    def plan(self, namespace: bytes, tokens: keys.Tokens, marks: Sequence[int] = ()) -> ChunkPlan:
+        """``ChunkCatalog.plan`` under the store's lock (puts change the chains it walks)."""
+        with self.lock:
+            return super().plan(namespace, tokens, marks)
 
     def pin(self, key: str, pinned: bool = True) -> None:
         """Pin a row (its chunks are evicted last), or unpin it (``pinned=False``). The flag
@@ -185,8 +195,7 @@ class ChunkStore(ChunkCatalog):
         with self.lock:
             m = self.rows[key]
             if m.pinned != pinned:
-                m = Manifest(m.key, m.namespace, m.fingerprint, m.tokens, m.chunk_size, m.chunks, m.reason,
-                             m.created_at, m.hits, pinned)
+                m = dataclasses.replace(m, pinned=pinned)
                 self.manifest_at[key].backend.replace_manifest(m)
                 self.rows[key] = m
             self.protect(self.row_chunks[key])

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from workbench.cache import keys
 from workbench.cache.chunk_backends import ChunkGone
 from workbench.cache.chunk_catalog import ChunkInfo
-from workbench.cache.chunk_format import ChunkMeta, Manifest, chunk_file_size, chunks_of, manifest_size
+from workbench.cache.chunk_format import ChunkMeta, Manifest, check_ends, chunk_file_size, chunks_of, manifest_size
 from workbench.cache.chunk_tiers import ChunkTier, Move
 from workbench.cache.format import CorruptRow
 from workbench.cache.types import RowStats, SaveReason
@@ -198,19 +198,23 @@ class TierMoves:
 
     # -- puts ----------------------------------------------------------------------------------
     def plan_put(self, namespace: bytes, fingerprint: bytes, raw: bytes, pieces: Sequence[bytes],
-                 reason: SaveReason, pinned: bool) -> PutPlan | None:
-        """Under the lock: the chunks to write and where, room made and reserved, the row's
-        stored chunks held. None (``saves_too_large``) when the row cannot fit."""
+                 reason: SaveReason, pinned: bool, ends: tuple[int, ...]) -> PutPlan | None:
+        """Under the lock: the chunks (ending at ``ends``) to write and where, room made and
+        reserved, the row's stored chunks held. None (``saves_too_large``) when the row
+        cannot fit."""
         store = self.store
         now = store.clock()
-        metas = chunks_of(namespace, fingerprint, raw, store.chunk_size, now)
+        if not check_ends(ends, len(raw) // 4, store.chunk_size):
+            raise ValueError(f"chunk ends {list(ends)[:8]} are not a row of {len(raw) // 4} tokens' chunks")
+        metas = chunks_of(namespace, fingerprint, raw, store.chunk_size, now, ends)
+        manifest = Manifest(keys.row_key_from_bytes(namespace, raw), namespace, fingerprint, raw, store.chunk_size,
+                            tuple(m.key for m in metas), reason, now, 0, pinned, ends)
         first = len(metas) - len(pieces)
-        missing = store.missing(namespace, raw)
+        stored = next((i for i, m in enumerate(metas) if m.key not in store.chunks), len(metas))
+        covered = stored < len(metas) and store.resolve(manifest) is not None
+        missing = len(metas) if covered else stored
         if first < 0 or first > missing:
             raise ValueError(f"{len(pieces)} chunk payloads for a row whose stored chunks end before chunk {first}")
-        manifest = Manifest(keys.row_key_from_bytes(namespace, raw), namespace, fingerprint, raw, store.chunk_size,
-                            tuple(m.key for m in metas), reason, now, 0, pinned)
-        covered = missing == len(metas)
         last = store.tiers[-1]
         reserved = {last: manifest_size(len(raw) // 4, len(metas))}
         new: list[tuple[ChunkMeta, bytes, ChunkTier, int]] = []

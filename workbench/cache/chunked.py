@@ -32,6 +32,7 @@ from workbench.cache import keys
 from workbench.cache import chunk_tier_admin
 from workbench.cache import chunk_peer_scan
 from workbench.cache.chunk_peer_scan import PeerMemo, PeerScan
+from workbench.cache.chunk_catalog import ChunkPlan
 from workbench.cache.chunk_store import ChunkStore
 from workbench.cache.chunk_tier_admin import CHUNK_TIERS, in_order, to_chunk_tier
 from workbench.cache.chunk_tier_views import row_dicts, tier_dicts, tier_of
@@ -131,15 +132,24 @@ class ChunkedCache(QueuedSaves):
         with self._lock:
             return self._store.missing(namespace.digest(), tokens)
 
+    def plan(self, namespace: CacheNamespace, tokens: Tokens, marks: Sequence[int] = ()) -> ChunkPlan:
+        """Where a row of ``tokens`` is cut (shared prefixes ending at ``marks``) and from
+        which chunk it is not stored (``ChunkCatalog.plan``): cut from there at its ends."""
+        with self._lock:
+            return self._store.plan(namespace.digest(), tokens, marks)
+
     def put(self, namespace: CacheNamespace, tokens: Tokens, pieces: list[bytes],
-            reason: SaveReason | str = SaveReason.FINISH, *, pinned: bool = False, live: bool = False) -> str | None:
+            reason: SaveReason | str = SaveReason.FINISH, *, pinned: bool = False, live: bool = False,
+            ends: Sequence[int] | None = None) -> str | None:
         """Store a row from its chunks' payloads (from ``missing()`` at the time of the cut
-        on); its key, or None when not stored: too large, a write error, or the chunks
-        before the cut were evicted meanwhile (``saves_chunks_gone``)."""
+        on, cut at ``ends``: ``plan``'s); its key, or None when not stored: too large, a
+        write error, or the chunks before the cut were evicted meanwhile
+        (``saves_chunks_gone``)."""
         reason = SaveReason.parse(reason)
         pinned = pinned or reason is SaveReason.AGENT_PREFIX
         try:
-            key = self._store.put_row(namespace.digest(), namespace.fingerprint_bytes, tokens, pieces, reason)
+            key = self._store.put_row(namespace.digest(), namespace.fingerprint_bytes, tokens, pieces, reason,
+                                      ends=ends)
         except ValueError:
             self._counters.inc("saves_chunks_gone")
             return None

@@ -199,15 +199,49 @@ def digest_of(namespace: CacheNamespace | bytes) -> bytes:
     return namespace if isinstance(namespace, bytes) else namespace.digest()
 
 
-def chunk_keys(namespace_digest: bytes, tokens: Tokens, chunk_size: int) -> list[bytes]:
-    """Keys of the chunks a row of `tokens` is stored as: the full chunks' chained hashes
-    (exactly `block_hashes`), then the tail chunk's, hashed the same way over its shorter
-    bytes. A chunk's key therefore names (namespace, parent chunk key, its tokens): a prefix
-    shared by many rows has the same chunk keys in all of them and is stored once.
+def chunk_ends(n_tokens: int, chunk_size: int, marks: Iterable[int] = (), start: int = 0) -> list[int]:
+    """End positions of the chunks holding positions ``start .. n_tokens``: every
+    ``chunk_size`` positions from ``start``, the grid restarting at each mark (a position where
+    a shared prefix ends, ``start < mark < n_tokens``), so a mark is always a chunk boundary.
+    With no marks and ``start=0``: the full chunks, then a shorter tail."""
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    out: list[int] = []
+    pos = start
+    for stop in [*sorted({m for m in marks if start < m < n_tokens}), n_tokens]:
+        if stop <= pos:
+            continue
+        out.extend(range(pos + chunk_size, stop, chunk_size))
+        out.append(stop)
+        pos = stop
+    return out
+
+
+def grid_ends(n_tokens: int, chunk_size: int) -> list[int]:
+    """``chunk_ends`` with no marks: chunks on the fixed grid."""
+    return chunk_ends(n_tokens, chunk_size)
+
+
+def keys_at(anchor: bytes, raw: bytes, ends: Sequence[int], start: int = 0) -> list[bytes]:
+    """Chained keys of the chunks of ``raw`` (encoded tokens) ending at ``ends``, the first
+    starting at position ``start`` and continuing ``anchor`` (the namespace digest, or the key
+    of the chunk before it)."""
+    out: list[bytes] = []
+    h, prev = anchor, start
+    for end in ends:
+        h = block_digest(h + raw[4 * prev:4 * end])
+        out.append(h)
+        prev = end
+    return out
+
+
+def chunk_keys(namespace_digest: bytes, tokens: Tokens, chunk_size: int,
+               ends: Sequence[int] | None = None) -> list[bytes]:
+    """Keys of the chunks a row of ``tokens`` is stored as, the chunks ending at ``ends``
+    (default: the fixed grid, ``grid_ends``: the full chunks, exactly ``block_hashes``, then
+    the tail's). A chunk's key names (namespace, parent chunk key, its tokens): a prefix
+    shared by many rows, cut at the same boundaries, has the same chunk keys in all of them
+    and is stored once.
     """
     raw = token_bytes(tokens)
-    keys = chain_hashes(namespace_digest, raw, chunk_size)
-    tail = raw[4 * chunk_size * len(keys):]
-    if tail:
-        keys.append(block_digest((keys[-1] if keys else namespace_digest) + tail))
-    return keys
+    return keys_at(namespace_digest, raw, grid_ends(len(raw) // 4, chunk_size) if ends is None else ends)

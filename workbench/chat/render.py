@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import sys
 import threading
@@ -11,7 +12,7 @@ from typing import Any
 
 from .. import _native
 from ..engine.tokens import tokenize_within
-from ..errors import InvalidOption, NoChatTemplate
+from ..errors import ContextOverflow, InvalidOption, NoChatTemplate
 from ..options import ChatOptions
 from ..options.load import CHAT_TEMPLATE_CACHE
 from .messages import normalize_messages, normalize_tools
@@ -161,3 +162,22 @@ def _call_marker(auto: dict[str, Any]) -> str:
         if t["type"] == "word" and t["value"].strip():
             return t["value"]
     return ""
+
+
+def system_prefix_len(native_model: Any, templates: Any, messages: Any, tools: Any, opts: ChatOptions | None,
+                      add_special: bool, parse_special: bool, tokens: list[int]) -> int | None:
+    """How many of a rendered chat's ``tokens`` its leading system message (with the tools)
+    renders to, when they are a prefix of them: where the prefix every conversation under
+    that system prompt shares ends (chunk storage cuts a chunk there). None when the chat
+    does not open with a system message, or its rendering is no prefix of the prompt's."""
+    msgs = normalize_messages(messages)
+    if not msgs or msgs[0]["role"] != "system" or len(msgs) < 2:
+        return None
+    system_opts = dataclasses.replace(opts or ChatOptions(), add_generation_prompt=False, continue_final_message=False,
+                                      tool_choice=None, tool_call_prefill=False)
+    try:
+        head = _render(native_model, templates, msgs[:1], tools, system_opts, add_special, parse_special, len(tokens))
+    except (InvalidOption, ContextOverflow):
+        return None
+    n = len(head.tokens)
+    return n if 0 < n < len(tokens) and tokens[:n] == head.tokens else None

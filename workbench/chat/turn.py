@@ -19,7 +19,7 @@ from .thinking import (ThinkingMarkers, ThinkingSplitter, ThinkingStream, set_bu
 from ..errors import InvalidOption
 from ..options import ChatOptions, RequestOptions, build
 from .messages import split_options
-from .render import RenderedChat, render, templates_for
+from .render import RenderedChat, render, system_prefix_len, templates_for
 
 
 # --- results and events -------------------------------------------------------------------------
@@ -109,6 +109,10 @@ def plan(engine: Any, messages: Any, tools: Any, tool_choice: Any, opts: Mapping
         ropts["grammar"] = _tool_grammar(engine, rendered)
     if rendered.stop_sequences:
         ropts["stop_sequences"] = tuple(rq.stop_sequences) + rendered.stop_sequences
+    system_len = system_prefix_len(engine.model, tmpls, messages, tools, copts, rq.add_special, rq.parse_special,
+                                   rendered.tokens)
+    if system_len is not None and rq.cache and "cache_boundaries" not in ropts:
+        ropts["cache_boundaries"] = (system_len,)
     cfg = engine.cfg
     markers, from_template, inside = _thinking_markers(cfg, rendered, copts)
     if markers is not None and copts.thinking_budget_tokens is not None:

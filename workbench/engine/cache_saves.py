@@ -83,7 +83,7 @@ class SavePoints:
         assert self._kvcache is not None and req.seq is not None
         live = req.session is not None and reason is SaveReason.FINISH
         saved = self._kvcache.save(self._pool.ctx, req.seq, tokens, req.opts.cache_scope, reason,
-                                   sync=req.sync_saves, live=live)
+                                   sync=req.sync_saves, live=live, marks=self.marks(req))
         if saved is None:
             self._counters["cache_saves_dropped"] += 1
             return None
@@ -92,6 +92,13 @@ class SavePoints:
         if live:
             self.session_row(req.session, saved.key)
         return saved.key
+
+    @staticmethod
+    def marks(req: Request) -> tuple[int, ...]:
+        """Where the request's shared prefixes end (its system prompt, its agent prefix): chunk
+        storage ends a chunk at each (docs/cache.md, "Chunked storage")."""
+        agent = req.opts.prefix_checkpoint_len
+        return (*req.opts.cache_boundaries, *((agent,) if agent is not None else ()))
 
     def save_session(self, sess: Session, reason: SaveReason) -> bool:
         """Save an idle session's live KV as its row (synchronously); False when not saved."""

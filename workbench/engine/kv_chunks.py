@@ -27,9 +27,11 @@ from ..cache.keys import Tokens, chunk_keys
 from ..errors import KvChunksRefused
 
 
-def keys_for(namespace_digest: bytes, tokens: Tokens, chunk_size: int = DEFAULT_CHUNK_SIZE) -> list[bytes]:
-    """The chunk keys of a row of ``tokens`` (the one definition: ``keys.chunk_keys``)."""
-    return chunk_keys(namespace_digest, tokens, chunk_size)
+def keys_for(namespace_digest: bytes, tokens: Tokens, chunk_size: int = DEFAULT_CHUNK_SIZE,
+             ends: Sequence[int] | None = None) -> list[bytes]:
+    """The chunk keys of a row of ``tokens`` cut at ``ends`` (default: the fixed grid; the
+    one definition: ``keys.chunk_keys``)."""
+    return chunk_keys(namespace_digest, tokens, chunk_size, ends)
 
 
 class ScratchBuffers:
@@ -64,20 +66,21 @@ def _refused(exc: ValueError) -> KvChunksRefused:
 
 
 def cut(ctx: Any, seq: int, keys: Sequence[bytes], chunk_size: int = DEFAULT_CHUNK_SIZE,
-        first: int = 0) -> list[bytes]:
-    """Chunks ``first ..`` of the state of ``seq``, whose chunk keys are ``keys``."""
+        first: int = 0, ends: Sequence[int] = ()) -> list[bytes]:
+    """Chunks ``first ..`` of the state of ``seq``, whose chunk keys are ``keys``, the chunks
+    ending at ``ends`` (``ChunkCatalog.plan``'s; default every ``chunk_size`` positions)."""
     try:
         with scratch_buffers.lend(ctx) as buf:
-            return list(ctx.state_seq_get_chunks(seq, list(keys), chunk_size, first, buf))
+            return list(ctx.state_seq_get_chunks(seq, list(keys), chunk_size, first, buf, list(ends)))
     except ValueError as exc:
         raise _refused(exc) from None
 
 
 def cut_state(ctx: Any, state: bytes, keys: Sequence[bytes], chunk_size: int = DEFAULT_CHUNK_SIZE,
-              first: int = 0) -> list[bytes]:
+              first: int = 0, ends: Sequence[int] = ()) -> list[bytes]:
     """``cut`` over a state already copied out of llama.cpp."""
     try:
-        return list(ctx.state_cut(state, list(keys), chunk_size, first))
+        return list(ctx.state_cut(state, list(keys), chunk_size, first, list(ends)))
     except ValueError as exc:
         raise _refused(exc) from None
 

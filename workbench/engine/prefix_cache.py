@@ -167,14 +167,16 @@ class EngineCache:
         return row_key(self.namespace(scope).digest(), tokens)
 
     def save(self, ctx: Any, seq: int, tokens: list[int], scope: str, reason: SaveReason, *,
-             sync: bool = False, live: bool = False) -> Saved | None:
+             sync: bool = False, live: bool = False, marks: Sequence[int] = ()) -> Saved | None:
         """Save the KV of ``seq`` (which holds exactly ``tokens``); None when the save was
         dropped or failed. A row already cached is not copied again (``Saved.new`` False).
-        ``live``: the row is a live session's KV (evicted only when nothing else frees enough)."""
+        ``live``: the row is a live session's KV (evicted only when nothing else frees enough).
+        ``marks``: where shared prefixes end in ``tokens`` (chunk storage ends a chunk there)."""
         cache = self.cache
         ns = self.namespace(scope)
         if isinstance(cache, ChunkedCache):
-            saved = save_chunks(cache, ctx, seq, tokens, ns, reason, sync=sync, live=live, counters=self.counters)
+            saved = save_chunks(cache, ctx, seq, tokens, ns, reason, sync=sync, live=live, counters=self.counters,
+                                marks=marks)
             return None if saved is None else Saved(*saved)
         key = row_key(ns.digest(), tokens)
         if key in cache:

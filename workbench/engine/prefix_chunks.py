@@ -18,6 +18,7 @@ chain into the sequence.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from ..cache import CorruptReason, HitKind, SaveReason, row_key
@@ -70,9 +71,11 @@ def chain_tier(cache: ChunkedCache, ns: CacheNamespace, prefix: list[int]) -> st
 
 
 def save_chunks(cache: ChunkedCache, ctx: Any, seq: int, tokens: list[int], ns: CacheNamespace,
-                reason: SaveReason, *, sync: bool, live: bool, counters: Any) -> tuple[str, bool] | None:
-    """Save the row of ``seq`` (which holds exactly ``tokens``): (its key, whether anything
-    new was stored), or None when the save was dropped, refused or failed."""
+                reason: SaveReason, *, sync: bool, live: bool, counters: Any,
+                marks: Sequence[int] = ()) -> tuple[str, bool] | None:
+    """Save the row of ``seq`` (which holds exactly ``tokens``, its shared prefixes ending at
+    ``marks``): (its key, whether anything new was stored), or None when the save was
+    dropped, refused or failed."""
     key = row_key(ns.digest(), tokens)
     if key in cache:
         if reason is SaveReason.AGENT_PREFIX:
@@ -80,16 +83,16 @@ def save_chunks(cache: ChunkedCache, ctx: Any, seq: int, tokens: list[int], ns: 
         if live:
             cache.set_live(key)
         return key, False
-    ks = kv_chunks.keys_for(ns.digest(), tokens, cache.chunk_size)
-    first = cache.missing(ns, tokens)
+    plan = cache.plan(ns, tokens, marks)
     start = time.perf_counter_ns()
     try:
-        pieces = kv_chunks.cut(ctx, seq, ks, cache.chunk_size, first) if first < len(ks) else []
+        pieces = kv_chunks.cut(ctx, seq, plan.keys, cache.chunk_size, plan.first, plan.ends) \
+            if plan.first < len(plan.keys) else []
     except KvChunksRefused:
         counters["cache_chunk_cut_refused"] += 1
         return None
     cache.record_ns("pack_ns", time.perf_counter_ns() - start)
     if sync:
-        stored = cache.put(ns, tokens, pieces, reason, live=live)
+        stored = cache.put(ns, tokens, pieces, reason, live=live, ends=plan.ends)
         return None if stored is None else (stored, True)
-    return (key, True) if cache.put_async(ns, tokens, pieces, reason, live=live) else None
+    return (key, True) if cache.put_async(ns, tokens, pieces, reason, live=live, ends=plan.ends) else None

@@ -1,10 +1,16 @@
 """The chunks a trace's rows are stored as, keyed exactly as the real cache keys them.
 
-A row of n tokens is stored as the chain `keys.chunk_keys(namespace, tokens[:n], chunk_size)`:
-n // chunk_size full chunks, then a shorter tail chunk when n is not a multiple of the chunk
-size. A chunk's key names (namespace, parent chunk key, its tokens), so two rows with a
-common prefix share its full chunks (how the store serves a tail from a longer chunk, and a
-prompt from a chain no row names, is chunksim.py's part).
+A row of n tokens is stored as the chain `keys.chunk_keys(namespace, tokens[:n], chunk_size,
+ends)`: chunks of chunk_size positions, the grid restarting at each mark, then a shorter tail
+chunk where the row ends. The marks are where a prefix some request of the trace pins ends
+(`pinned_prefixes`: the agent prefix, passed to the engine as `prefix_checkpoint_len`, which
+chunk storage makes a chunk boundary: chunk_catalog.py); every row through such a prefix
+carries its mark, as every request of an agent names its prefix. (The store also lets a row
+without the mark follow a stored boundary; with every row carrying it, the chains are the
+same, which is what lets the lab cut each row once, up front.) A chunk's key names
+(namespace, parent chunk key, its tokens), so two rows with a common prefix share its
+chunks (how the store serves a tail from a longer chunk, and a prompt from a chain no row
+names, is chunksim.py's part).
 
 `ChunkChains` computes, for every row a plan saves, its last chunk, and for every chunk its
 parent, its token count and its token bytes (what the store compares when it serves a tail
@@ -22,6 +28,7 @@ from __future__ import annotations
 
 import bisect
 from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from workbench.cache.keys import chunk_keys
@@ -67,6 +74,26 @@ class ChunkTree:
         return total
 
 
+def pinned_prefixes(trace: Trace) -> set[tuple[int, ...]]:
+    """The segment prefixes the trace's requests pin (their first `pin_segs` segments)."""
+    ptr, segs, pins = trace.prompt_ptr.tolist(), trace.prompt_segs.tolist(), trace.pin_segs.tolist()
+    return {tuple(segs[ptr[i]:ptr[i] + k]) for i, k in enumerate(pins) if k > 0}
+
+
+def pinned_marks(trace: Trace) -> Callable[[Sequence[int]], tuple[int, ...]]:
+    """Token ids -> the marks the lab's rows carry (the lengths of the pinned prefixes they
+    start with): what a real store is given to cut the same chains."""
+    pinned: dict[int, set[tuple[int, ...]]] = {}
+    for prefix in pinned_prefixes(trace):
+        tokens = tuple(t for s in prefix for t in trace.segment_tokens(s))
+        pinned.setdefault(len(tokens), set()).add(tokens)
+
+    def marks(tokens: Sequence[int]) -> tuple[int, ...]:
+        return tuple(n for n, held in sorted(pinned.items()) if n < len(tokens) and tuple(tokens[:n]) in held)
+
+    return marks
+
+
 class ChunkChains:
     """Builds a `ChunkTree` for rows named by their segment path and length."""
 
@@ -81,6 +108,7 @@ class ChunkChains:
         # root; the token bytes after that chunk up to the node's end)
         self._states: dict[int, tuple[str | None, bytes]] = {}
         self._segments: OrderedDict[int, bytes] = OrderedDict()
+        self._pinned = pinned_prefixes(trace)
 
     def add_row(self, row_key: str, path: list[int], segs: list[int], ends: list[int], n: int) -> None:
         """Register the row of the first `n` tokens of the segments `segs` (trie nodes
@@ -110,7 +138,10 @@ class ChunkChains:
             n_full = len(raw) // (4 * self.size)
             if n_full:
                 parent = self._register(parent, raw[:4 * self.size * n_full])
-            state = self._states[path[j]] = (parent, raw[4 * self.size * n_full:])
+            leftover = raw[4 * self.size * n_full:]
+            if leftover and tuple(segs[:j + 1]) in self._pinned:  # a mark: the grid restarts here
+                parent, leftover = self._register(parent, leftover), b""
+            state = self._states[path[j]] = (parent, leftover)
         return state
 
     def _register(self, parent: str | None, raw: bytes) -> str:

@@ -8,9 +8,10 @@ hits, bytes and evictions after every request.
     bytes    a chunk costs `chunk_format.chunk_file_size(n, n * bytes_per_token)`, a row's
              manifest `manifest_size(n_tokens, n_chunks)`: the store's file sizes
     lookup   the longer of the longest stored row that is a prefix of the prompt and the
-             chain of the prompt's own full chunks that is stored, extended into the stored
-             chunk continuing it that agrees longest with the prompt (`ChunkCatalog.lookup`);
-             a row wins a tie of lengths
+             chain of the prompt's own chunks that is stored (full ones and boundaries where a
+             pinned prefix ends: chunks.py), extended into the stored chunk continuing it that
+             agrees longest with the prompt (`ChunkCatalog.lookup`); a row wins a tie of
+             lengths
     read     every chunk serving the match: hits, last use, seq, the policy's `on_hit`
     put      a row already stored is not stored again (an agent prefix pins it); a row
              whose tail a stored chunk of the same parent covers (a longer chunk starting
@@ -18,7 +19,8 @@ hits, bytes and evictions after every request.
              from the first missing one are written. Too large when the new chunks and the
              manifest exceed the budget; else `on_admit` each, evict until they fit (the
              row's chunks held), then each chunk enters (`on_insert`), the row is added, and
-             tail chunks a new chunk covers go, their rows served by it (absorbed)
+             tail chunks (shorter than a chunk, nothing continuing them) a new chunk covers
+             go, their rows served by it (absorbed); a boundary chunk is never absorbed
     evict    only a leaf (no stored chunk continues it), by the policy (chunkrank.py):
              `on_evict`, `on_remove`, then the rows that name it go (each manifest's bytes;
              a tail chunk no row names any more goes too). A full chunk no row names stays
@@ -117,10 +119,12 @@ class ChunkSimCache:
         if match is not None:
             row = self.rows[match.key]
             best = ChunkHit(row.n_tokens, row.served_by, match.key)
-        depth, chunks, tokens = 0, self.chunks, self.tree.tokens
-        while depth < len(prompt) and tokens[prompt[depth]] == self.size and prompt[depth] in chunks:
+        depth, n, chunks, tokens = 0, 0, self.chunks, self.tree.tokens
+        while depth < len(prompt) and (tokens[prompt[depth]] == self.size or depth + 1 < len(prompt)) \
+                and prompt[depth] in chunks:  # whole chunks; the prompt's last, when short, below
+            n += tokens[prompt[depth]]
             depth += 1
-        chain, n = prompt[:depth], depth * self.size
+        chain = prompt[:depth]
         if depth < len(prompt):
             rest = prompt[depth]
             inside = self._pick(chain[-1] if chain else None, lambda k: self._agreement(k, rest))
@@ -216,7 +220,7 @@ class ChunkSimCache:
         """`ChunkCatalog.missing`, then no chunk at all when the tail is covered."""
         for i, k in enumerate(chain):
             if k not in self.chunks:
-                tail = i == len(chain) - 1 and n_tokens % self.size
+                tail = i == len(chain) - 1 and self.tree.tokens[k] < self.size
                 if tail and self._cover(chain[i - 1] if i else None, k) is not None:
                     return len(chain)
                 return i
@@ -233,8 +237,6 @@ class ChunkSimCache:
             return None
         if chain[-1] in self.chunks:
             return tuple(chain)
-        if n_tokens % self.size == 0:
-            return None
         cover = self._cover(chain[-2] if len(chain) > 1 else None, chain[-1])
         return None if cover is None else (*chain[:-1], cover)
 
@@ -300,7 +302,7 @@ class ChunkSimCache:
             return
         raw = self.tree.raw
         for t in [t for t in self.kids.get(c.parent, ()) if t != key and not self.chunks[t].full
-                  and len(raw[t]) < len(raw[key]) and raw[key].startswith(raw[t])]:
+                  and self._leaf(t) and len(raw[t]) < len(raw[key]) and raw[key].startswith(raw[t])]:
             tail = self.chunks[t]
             for r in tail.rows:
                 c.rows.add(r)

@@ -64,6 +64,14 @@ def _seconds(key: str, v: Any, where: str) -> Any:
     return float(v)
 
 
+def _positions(key: str, v: Any, where: str) -> Any:
+    """A sequence of token positions >= 1 (ints), kept sorted and distinct."""
+    if isinstance(v, (list, tuple)) and all(isinstance(p, int) and not isinstance(p, bool) and 1 <= p <= INT32_MAX
+                                            for p in v):
+        return tuple(sorted(set(v)))
+    raise InvalidOption(key, v, "a list of token positions (ints >= 1)", where)
+
+
 def _logit_bias(key: str, v: Any, where: str) -> Any:
     """None or {token id (int) or token text (str): bias in [-100, 100] or -inf}. Text keys
     are resolved to one token per model when the request is submitted (request_setup)."""
@@ -168,6 +176,9 @@ class RequestOptions:
     parent_key: str | None = opt(None, as_str(), "resume from this row (a previous finish_key)")
     prefix_checkpoint_len: int | None = opt(None, as_int(1, none_ok=True),
                                             "save a pinned agent_prefix row at exactly this many tokens")
+    cache_boundaries: tuple[int, ...] = opt((), _positions,
+                                            "where shared prefixes end (chat: the system prompt's; set by wb.chat): "
+                                            "chunk storage ends a chunk there, so they are stored once")
     add_special: bool = opt(True, as_bool, "text prompts: add BOS as the vocab says")
     parse_special: bool = opt(True, as_bool, "text prompts: parse special tokens in the text")
     speculative: SpeculativeOptions | None = opt(None, _speculative, "speculative decoding (docs/speculative.md)")
