@@ -14,9 +14,10 @@ design is explored in seconds; bench_router.py confirms it on engines.
 
     python bench/sim_router.py [--replicas 2,4] [--requests 80] [--trace mixed|documents]
                                [--cache-mib 48] [--chunk-size N] [--routers a,b]
-                               [--affinity-options JSON ...]
+                               [--affinity-options JSON ...] [--seeds N]
 
-Each `--affinity-options` adds a cache_affinity variant to the table.
+Each `--affinity-options` adds a cache_affinity variant to the table. `--seeds N` runs both
+traces at seeds 0..N-1 and counts, per router, the runs where issue 15's targets hold.
 """
 
 from __future__ import annotations
@@ -141,6 +142,28 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+def targets(rows: Sequence[dict[str, Any]]) -> str:
+    """Over many (seed, replicas) runs: per router, in how many issue 15's targets hold
+    (saved >= prefix_tree's, >= 1.5x round_robin's, load spread <= 1.5) and its saved
+    tokens against prefix_tree's (mean, min)."""
+    def base(r: dict[str, Any], name: str) -> int:
+        key = ("trace_kind", "seed", "replicas")
+        return next(b["saved_tokens"] for b in rows
+                    if all(b[k] == r[k] for k in key) and b["router"] == name and not b["options"])
+
+    out = ["| router | options | runs | >= prefix_tree | >= 1.5x round_robin | spread <= 1.5 | "
+           "x prefix_tree mean (min) | worst spread |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for name, opts in dict.fromkeys((r["router"], json.dumps(r["options"])) for r in rows):
+        mine = [r for r in rows if r["router"] == name and json.dumps(r["options"]) == opts]
+        x_tree = [r["saved_tokens"] / max(1, base(r, "prefix_tree")) for r in mine]
+        out.append(f"| {name} | {'' if opts == 'null' else opts} | {len(mine)} | "
+                   f"{sum(r['saved_tokens'] >= base(r, 'prefix_tree') for r in mine)} | "
+                   f"{sum(r['saved_tokens'] >= 1.5 * base(r, 'round_robin') for r in mine)} | "
+                   f"{sum(r['load_spread'] <= 1.5 for r in mine)} | {sum(x_tree) / len(x_tree):.3f} "
+                   f"({min(x_tree):.2f}) | {max(r['load_spread'] for r in mine):.2f} |")
+    return "\n".join(out)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--replicas", default="2,4", help="replica counts, comma-separated")
@@ -154,22 +177,29 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--affinity-options", type=json.loads, action="append", default=[], metavar="JSON",
                     help="a cache_affinity variant's options (repeatable)")
+    ap.add_argument("--seeds", type=int, default=None, metavar="N",
+                    help="trace seeds 0..N-1 (both traces), summarised against issue 15's targets")
     ap.add_argument("--json", type=Path, help="also write the results here")
     args = ap.parse_args()
-    trace = make_trace(args.requests, args.seed, args.trace)
-    plan = plan_for(trace, args.response_tokens, args.chunk_size)
     budget = int(args.cache_mib * (1 << 20))
     variants = [(name, None) for name in args.routers.split(",")]
+    if args.seeds is not None and not {"round_robin", "prefix_tree"} <= {v[0] for v in variants}:
+        variants = [("round_robin", None), ("prefix_tree", None), *variants]
     variants += [("cache_affinity", opts) for opts in args.affinity_options]
+    runs = ([(args.trace, args.seed)] if args.seeds is None
+            else [(kind, seed) for kind in TRACES for seed in range(args.seeds)])
     rows = []
-    for n in (int(x) for x in args.replicas.split(",")):
-        for name, opts in variants:
-            res = simulate(make_router(name, opts), trace, plan, n, budget, bytes_per_token=args.bytes_per_token)
-            rows.append({"replicas": n, "options": opts, **res})
-    print(table(rows))
+    for kind, seed in runs:
+        trace = make_trace(args.requests, seed, kind)
+        plan = plan_for(trace, args.response_tokens, args.chunk_size)
+        for n in (int(x) for x in args.replicas.split(",")):
+            for name, opts in variants:
+                res = simulate(make_router(name, opts), trace, plan, n, budget, bytes_per_token=args.bytes_per_token)
+                rows.append({"trace_kind": kind, "seed": seed, "replicas": n, "options": opts, **res})
+    print(table(rows) if args.seeds is None else targets(rows))
     if args.json:
-        args.json.write_text(json.dumps({"trace": trace.describe(), "args": vars(args) | {"json": str(args.json)},
-                                         "results": rows}, indent=2, default=str))
+        args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json)}, "results": rows},
+                                        indent=2, default=str))
 
 
 if __name__ == "__main__":
