@@ -24,8 +24,8 @@ from workbench.cache.tiers import DiskTier, ShmTier
 NS = CacheNamespace("cd" * 32, scope="tenant-a")
 NS_B = CacheNamespace("cd" * 32, scope="tenant-b")
 CS = 4
-TURN1 = list(range(1, 11))                 # 2 full chunks + a tail of 2
-TURN2 = TURN1 + [60, 61, 62, 63, 64]       # its tail chunk covers turn 1's
+TURN1 = list(range(1, 19))                 # 4 full chunks + a tail of 2
+TURN2 = TURN1 + [60, 61, 62, 63, 64]       # its fifth chunk covers turn 1's tail
 
 
 def pieces(ns: CacheNamespace, tokens: list[int], first: int) -> list[bytes]:
@@ -90,7 +90,7 @@ def test_a_row_one_peer_publishes_is_adopted_by_the_other_with_its_payloads(tmp_
     assert hit is not None and hit.key == key and hit.n_tokens == len(TURN1)
     assert b.read(hit) == pieces(NS, TURN1, 0)  # every chunk verifies as the peer wrote it
     assert b.lookup(NS_B, TURN1) is None       # another tenant never sees it
-    assert b.counters()["peer_rows_adopted"] == 1 and b.counters()["peer_chunks_adopted"] == 3
+    assert b.counters()["peer_rows_adopted"] == 1 and b.counters()["peer_chunks_adopted"] == 5
     assert accounted(b) == accounted(a) == stored(tmp_path)  # the same bytes, each counted once
 
 
@@ -142,7 +142,7 @@ def test_its_own_put_in_flight_is_skipped_and_counted_once(tmp_path: Path) -> No
     writer = own.start(TURN2)  # b writes every chunk itself: it adopted nothing
     try:
         scan = b.adopt_peer_files()
-        # its own chunks in flight (a's turn 1 needs two of them): left to its put, looked at again
+        # its own chunks in flight (a's turn 1 needs four of them): left to its put, looked at again
         assert scan.deferred and (scan.chunks, scan.rows) == (0, 0)
     finally:
         own.go.set()
@@ -164,7 +164,7 @@ def test_a_chunk_a_peer_evicted_turns_the_lookup_cold_and_is_counted(tmp_path: P
     peers.adopt(b)
     assert b.lookup(NS, TURN1) is None and b.lookup(NS, [90, 91, 92, 93, 94, 95]) is None  # cold
     c = b.counters()
-    assert c["peer_chunks_gone"] == 5 and c["peer_rows_gone"] == 2 and other not in b
+    assert c["peer_chunks_gone"] == 7 and c["peer_rows_gone"] == 2 and other not in b
     assert accounted(b) == stored(tmp_path) == 0
 
 

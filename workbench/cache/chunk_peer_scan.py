@@ -31,6 +31,7 @@ process accounts what its own catalog holds (its own writes and what it adopted)
 from __future__ import annotations
 
 import os
+from collections.abc import Container, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -59,10 +60,14 @@ Parsed = tuple[ChunkMeta, int] | Manifest | None
 
 @dataclass(slots=True)
 class PeerMemo:
-    """What earlier rescans read of files they could not adopt yet: (tier, name) -> (inode,
-    what it held), so an unchanged file is not read again."""
+    """What the last look saw, so a look reads only what changed since: each tier's file
+    names (``listed``; a look after one that forgot chunks or skipped its own files in
+    flight, ``full``, considers them all again), and the files it read but could not adopt
+    yet, (tier, name) -> (inode, what it held), not read again while the file is the same."""
 
     files: dict[tuple[str, str], tuple[int, Parsed]] = field(default_factory=dict)
+    listed: dict[str, set[str]] = field(default_factory=dict)
+    full: bool = True
 
 
 @dataclass(slots=True)
@@ -81,19 +86,37 @@ def rescan(store: ChunkStore, memo: PeerMemo | None = None) -> PeerScan:
     module doc); nothing is deleted."""
     memo = PeerMemo() if memo is None else memo
     tiers = [t for t in store.tiers if t.persistent and isinstance(t.backend, ChunkDir)]
+    full = memo.full or any(t.name not in memo.listed for t in tiers)
     with store.lock:
         before = {t.name: set(t.sizes) for t in tiers}
     listed = {t.name: _listing(_root(t)) for t in tiers}
     out = PeerScan()
     with store.lock:
-        _vanished(store, tiers, before, listed, out)  # first: a row it forgets may be adopted again below
-        known_chunks = set(store.chunks)
-        known_rows = set(store.rows)
-    parsed = {t.name: _read_new(t.name, _root(t), listed[t.name], known_chunks, known_rows, memo) for t in tiers}
+        gone = {t.name: before[t.name] if full else _gone(memo.listed[t.name], listed[t.name]) for t in tiers}
+        _vanished(store, tiers, before, gone, listed, out)  # first: a row it forgets may be adopted again below
+        wanted = {t.name: [n for n in _candidates(t.name, listed[t.name], memo, full)
+                           if _is_new(n, store.chunks, store.rows)] for t in tiers}
+    parsed = {t.name: _read_new(t.name, _root(t), wanted[t.name], memo) for t in tiers}
     with store.lock:
         _adopt_chunks(store, tiers, parsed, out)
         _adopt_manifests(store, tiers, parsed, out)
+    memo.listed = listed
+    memo.full = out.deferred or out.gone > 0
     return out
+
+
+def _gone(last: set[str], now: set[str]) -> set[bytes]:
+    """Keys of the chunk files listed last time and not now."""
+    return {bytes.fromhex(n[:-len(CHUNK_SUFFIX)]) for n in last - now if n.endswith(CHUNK_SUFFIX)
+            and _is_hex(n[:-len(CHUNK_SUFFIX)])}
+
+
+def _candidates(tier: str, now: set[str], memo: PeerMemo, full: bool) -> Iterable[str]:
+    """The names to consider: all (``full``), else those new since the last listing and
+    those read before and still waiting."""
+    if full:
+        return now
+    return (now - memo.listed[tier]) | {n for (t, n) in memo.files if t == tier and n in now}
 
 
 def _root(tier: ChunkTier) -> Path:
@@ -101,27 +124,26 @@ def _root(tier: ChunkTier) -> Path:
     return tier.backend.root
 
 
-def _listing(root: Path) -> dict[str, int]:
-    """Chunk and manifest file names in ``root`` with their inodes (tmp files left out)."""
+def _listing(root: Path) -> set[str]:
+    """Chunk and manifest file names in ``root`` (tmp files left out)."""
     try:
-        with os.scandir(root) as it:
-            return {e.name: e.inode() for e in it if TMP_MARK not in e.name
-                    and (e.name.endswith(CHUNK_SUFFIX) or e.name.endswith(MANIFEST_SUFFIX))}
+        return {n for n in os.listdir(root) if n.endswith((CHUNK_SUFFIX, MANIFEST_SUFFIX)) and TMP_MARK not in n}
     except OSError:
-        return {}
+        return set()
 
 
-def _read_new(tier: str, root: Path, names: dict[str, int], known_chunks: set[bytes], known_rows: set[str],
-              memo: PeerMemo) -> dict[str, Parsed]:
-    """The files of ``names`` the catalog does not hold, read (unlocked), or from the memo
-    when the same file was read before; the memo keeps only files still listed."""
-    for gone in [k for k in memo.files if k[0] == tier and k[1] not in names]:
-        del memo.files[gone]
+def _read_new(tier: str, root: Path, wanted: Iterable[str], memo: PeerMemo) -> dict[str, Parsed]:
+    """The ``wanted`` files (the catalog does not hold them) read, unlocked, or from the memo
+    when the same file (by inode) was read before; the memo keeps only files still wanted."""
+    wanted = set(wanted)
+    for stale in [k for k in memo.files if k[0] == tier and k[1] not in wanted]:
+        del memo.files[stale]
     out: dict[str, Parsed] = {}
-    for name, inode in names.items():
-        if not _is_new(name, known_chunks, known_rows):
-            memo.files.pop((tier, name), None)
-            continue
+    for name in wanted:
+        try:
+            inode = os.stat(root / name, follow_symlinks=False).st_ino
+        except OSError:
+            continue  # went since the listing
         seen = memo.files.get((tier, name))
         if seen is not None and seen[0] == inode:
             out[name] = seen[1]
@@ -133,13 +155,19 @@ def _read_new(tier: str, root: Path, names: dict[str, int], known_chunks: set[by
     return out
 
 
-def _is_new(name: str, known_chunks: set[bytes], known_rows: set[str]) -> bool:
+def _is_new(name: str, chunks: Container[bytes], rows: Container[str]) -> bool:
     if name.endswith(MANIFEST_SUFFIX):
-        return name[:-len(MANIFEST_SUFFIX)] not in known_rows
+        return name[:-len(MANIFEST_SUFFIX)] not in rows
+    stem = name[:-len(CHUNK_SUFFIX)]
+    return not _is_hex(stem) or bytes.fromhex(stem) not in chunks  # not a key: read, and refused by its checks
+
+
+def _is_hex(text: str) -> bool:
     try:
-        return bytes.fromhex(name[:-len(CHUNK_SUFFIX)]) not in known_chunks
+        bytes.fromhex(text)
     except ValueError:
-        return True  # not a key: read, and refused by its checks
+        return False
+    return True
 
 
 class _Vanished:
@@ -161,13 +189,14 @@ def _read(path: Path, name: str) -> Parsed | _Vanished:
         return None  # unreadable: left alone
 
 
-def _vanished(store: ChunkStore, tiers: list[ChunkTier], before: dict[str, set[bytes]],
-              listed: dict[str, dict[str, int]], out: PeerScan) -> None:
-    """Copies held before the listing and still held whose files the listing did not show:
-    a peer removed them (lock held). This process's own moves are left to finish."""
+def _vanished(store: ChunkStore, tiers: list[ChunkTier], before: dict[str, set[bytes]], gone: dict[str, set[bytes]],
+              listed: dict[str, set[str]], out: PeerScan) -> None:
+    """Copies held before the listing and still held whose files (among ``gone``) the
+    listing did not show: a peer removed them (lock held). This process's own moves are
+    left to finish."""
     busy = store.moves.held.keys() | store.moves.moving.keys() | store.moves.dest.keys()
     for tier in tiers:
-        for key in before[tier.name]:
+        for key in gone[tier.name] & before[tier.name]:
             name = key.hex() + CHUNK_SUFFIX
             if key not in tier or key in busy or name in listed[tier.name]:
                 continue

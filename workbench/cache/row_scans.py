@@ -77,7 +77,8 @@ class RowScans:
         with self._lock:
             oldest_first = sorted(report.rows, key=lambda r: r[0].created_at)
             new = sum(self._adopt(level, meta, size) for meta, size in oldest_first)
-            jobs = self._stack.evict_from(level, level.overflow())
+            over = level.overflow()
+            jobs = self._stack.evict_from(level, over) if over > 0 else []
         self._stack.run(jobs)
         return new
 
