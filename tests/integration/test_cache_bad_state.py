@@ -34,7 +34,7 @@ CHILD = textwrap.dedent(r'''
 
     model_path, root, phase = sys.argv[1], sys.argv[2], sys.argv[3]
     PROMPT = sys.argv[4]
-    wb.configure_cache([{"kind": "disk", "root": root, "budget_bytes": None}])
+    wb.configure_cache([{"kind": "disk", "root": root, "budget_bytes": None}], storage="rows")
     m = wb.load_model(model_path=model_path, n_seq_max=2)
     out = {}
 

@@ -34,7 +34,7 @@ def storage(request, chunks):  # noqa: F811 - the imported fixture
     """The process-wide cache in the given storage, in RAM (the chunks fixture restores the
     default cache afterwards)."""
     if request.param == "rows":
-        wb.configure_cache([{"kind": "ram", "budget_bytes": 2**30}])
+        wb.configure_cache([{"kind": "ram", "budget_bytes": 2**30}], storage="rows")
     else:
         chunks({"kind": "ram", "budget_bytes": 2**30})
     return request.param

@@ -23,7 +23,7 @@ def install(storage: str, tier: str, chunks, tmp_path) -> None:  # noqa: F811
     if tier != "ram":
         spec["root"] = str(tmp_path / tier)
     if storage == "rows":
-        wb.configure_cache([spec])
+        wb.configure_cache([spec], storage="rows")
     else:
         chunks({"kind": tier, "budget_bytes": 2**30})
 

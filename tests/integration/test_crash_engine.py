@@ -59,7 +59,7 @@ WRITER = COMMON + textwrap.dedent(r'''
     import random
     seed = int(sys.argv[4])
     print("ready", flush=True)  # a kill may land in the start-up scan or the model load too
-    wb.configure_cache(TIERS)
+    wb.configure_cache(TIERS, storage="rows")
     m = wb.load_model(model_path=model_path, n_ctx=1024, n_seq_max=2, n_threads=1)
     rng = random.Random(seed)
     while True:
@@ -69,7 +69,7 @@ WRITER = COMMON + textwrap.dedent(r'''
 CHECKER = COMMON + textwrap.dedent(r'''
     import os
     from workbench.cache.shared import shared_cache
-    info = wb.configure_cache(TIERS)
+    info = wb.configure_cache(TIERS, storage="rows")
     out = {"scan_counters": {k: v for k, v in info["counters"].items() if k.startswith(("rejected", "orphans"))},
            "tmp_left": [n for r in (shm_root, disk_root) for n in os.listdir(r) if ".tmp." in n],
            "rows": info["rows"]}

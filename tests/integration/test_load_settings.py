@@ -250,7 +250,7 @@ def test_configure_cache_writer_pool(tmp_path):
     tiers = [{"kind": "disk", "root": str(tmp_path / "kv"), "budget_bytes": 1 << 30}]
     try:
         for queue, dropped in ((1, True), (8, False)):
-            wb.configure_cache(tiers, writer_workers=1, writer_queue=queue)
+            wb.configure_cache(tiers, writer_workers=1, writer_queue=queue, storage="rows")  # put_async of rows
             cache = shared_cache()
             ns = CacheNamespace(f"{queue:064x}")
             for i in range(4):

@@ -20,6 +20,18 @@ PROMPT = (SYSTEM + "<|im_start|>user\nWhat is the boiling point of water at sea 
           "<|im_start|>assistant\n")
 
 
+def chunked() -> bool:
+    return wb.cache_info().get("storage") == "chunks"
+
+
+def unprotected_bytes() -> int:
+    """What evicting every row that is neither pinned nor live frees: their bytes with whole
+    rows; in chunk storage the unprotected chunks' (a row's bytes count shared chunks again)."""
+    if chunked():
+        return sum(c["size_bytes"] for c in wb.cache_chunks() if not c["protected"])
+    return sum(r["bytes"] for r in wb.cache_rows() if not r["pinned"] and not r["live"])
+
+
 @pytest.fixture
 def cache_tiers(tmp_path):
     """Install a cache made of the given tiers for one test, then the default one again."""
@@ -47,7 +59,12 @@ def test_warm_restore_is_token_exact_per_tier(model, cache_tiers, kind):
     tiers = {t["name"]: t for t in wb.list_tiers()}
     assert tiers[kind]["rows"] >= 2
     longer = wb.complete(model, long_prompt + "<|im_end|>", response_tokens=16)
-    assert longer.stats.cache_hit_kind == "partial"
+    # whole rows: the prompt row (one token short of the old prompt) serves, partial; chunks:
+    # the finish row's chunks hold the old prompt's last token too, so all but the new token
+    # restore (docs/cache.md, "Chunk storage in the engine": cached_prefix)
+    chunks = wb.cache_info().get("storage") == "chunks"
+    assert longer.stats.cache_hit_kind == ("exact" if chunks else "partial")
+    assert longer.stats.prefilled_tokens == (1 if chunks else 2)
     assert longer.tokens == wb.complete(model, long_prompt + "<|im_end|>", response_tokens=16, cache=False).tokens
 
 
@@ -108,8 +125,10 @@ def test_scopes_never_share_rows(model):
     other = wb.complete(model, PROMPT + " ", response_tokens=4, cache_scope="tenant-b")
     assert other.stats.cache_hit_kind == "cold"
     assert wb.cached_prefix_len(model, PROMPT, cache_scope="tenant-c") == 0
-    # the prompt row stops before the last prompt token (decoded alone, cold and warm alike)
-    assert wb.cached_prefix_len(model, PROMPT, cache_scope="tenant-a") == len(wb.tokenize(model, PROMPT)) - 1
+    # whole rows: the prompt row stops before the last prompt token (decoded alone, cold and
+    # warm alike); chunk storage: the finish row's chunks hold that token too
+    n = len(wb.tokenize(model, PROMPT))
+    assert wb.cached_prefix_len(model, PROMPT, cache_scope="tenant-a") == (n if chunked() else n - 1)
 
 
 def test_multi_turn_text_chat_hits_at_least_the_previous_prompt(model):
@@ -137,10 +156,14 @@ def test_prefill_only_parent_key_and_agent_prefix(model):
     assert r.stats.cache_hit_kind == "exact" and r.stats.prefilled_tokens == r.stats.prompt_tokens - n_prefix
     # churn: evicting every byte of the unprotected rows leaves the pinned agent prefix
     assert wb.wait_for_saves()                     # the task's finish row is written off the decode path
-    ordinary = sum(r["bytes"] for r in wb.cache_rows() if not r["pinned"] and not r["live"])
+    ordinary = unprotected_bytes()
     assert ordinary > 0 and wb.evict_bytes(ordinary) >= ordinary
     left = {r["key"]: r for r in wb.cache_rows()}
-    assert warm.finish_key in left and all(r["pinned"] or r["live"] for r in left.values())
+    assert warm.finish_key in left
+    if chunked():   # rows inside the pinned chain (the prefix's own prompt row) stay with it
+        assert all(c["protected"] for c in wb.cache_chunks())
+    else:
+        assert all(r["pinned"] or r["live"] for r in left.values())
 
 
 @pytest.mark.load(n_seq_max=2)
@@ -171,10 +194,8 @@ def test_a_sessions_newest_row_is_live_until_the_session_ends(fresh_model, cache
     assert wb.wait_for_saves()
     assert live() == {r2.finish_key} != {r1.finish_key}      # only the newest row of the session
     # churn: freeing every byte of the ordinary rows leaves the live one
-    rows = wb.cache_rows()
-    ordinary = sum(r["bytes"] for r in rows if not r["live"] and not r["pinned"])
-    assert other.finish_key in {r["key"] for r in rows}
-    wb.evict_bytes(ordinary)
+    assert other.finish_key in {r["key"] for r in wb.cache_rows()}
+    wb.evict_bytes(unprotected_bytes())
     left = {r["key"] for r in wb.cache_rows()}
     assert r2.finish_key in left and other.finish_key not in left
     wb.end_session(m, "s")
@@ -186,7 +207,7 @@ def test_a_sessions_newest_row_is_live_until_the_session_ends(fresh_model, cache
 SCRIPT = textwrap.dedent("""
     import json, sys
     import workbench as wb
-    wb.configure_cache([{"kind": "disk", "root": sys.argv[1], "budget_bytes": 2**30}])
+    wb.configure_cache([{"kind": "disk", "root": sys.argv[1], "budget_bytes": 2**30}], storage="rows")  # row files
     m = wb.load_model(model_path=sys.argv[2])
     r = wb.prefill_only(m, sys.argv[3]) if sys.argv[4] == "save" else wb.complete(m, sys.argv[3], response_tokens=16)
     print(json.dumps({"kind": r.stats.cache_hit_kind, "tokens": list(r.tokens),
