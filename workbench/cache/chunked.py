@@ -96,6 +96,7 @@ class ChunkedCache(QueuedSaves):
         self._row_hits: dict[str, tuple[int, float]] = {}  # row -> (hits, last hit)
         self.default_policy: PolicySpec = DEFAULT_POLICY  # an added tier's policy when it names none
         self.min_chain_tokens = min_chain_tokens  # chunked_cache: MIN_CHAIN_TOKENS
+        self.tier_generation = 0  # +1 at each add_tier / remove_tier: what caches the tiers' roots keys on
 
     @property
     def chunk_size(self) -> int:
@@ -118,13 +119,16 @@ class ChunkedCache(QueuedSaves):
         chunk_tier = to_chunk_tier(tier, self.default_policy if policy is None else policy)
         self.wait_for_saves(chunk_tier_admin.BUSY_S)
         chunk_tier_admin.add_tier(self._store, chunk_tier, position)
+        self.tier_generation += 1
         if chunk_tier.persistent:
             self.scan()
 
     def remove_tier(self, name: str, *, purge: bool = False) -> int:
         """Detach a tier (chunk_tier_admin.py); returns how many rows left the cache."""
         self.wait_for_saves(chunk_tier_admin.BUSY_S)
-        return chunk_tier_admin.remove_tier(self._store, name, purge)
+        left = chunk_tier_admin.remove_tier(self._store, name, purge)
+        self.tier_generation += 1
+        return left
 
     # -- rows ------------------------------------------------------------------------------
     def missing(self, namespace: CacheNamespace, tokens: Tokens) -> int:
