@@ -95,7 +95,9 @@ def test_tiers_keep_their_order_one_of_each_kind(tmp_path):
         wb.add_tier("ram", name="r2")
     with pytest.raises(InvalidOption, match="position"):
         wb.add_tier("disk", root=str(tmp_path / "d"), position=0)      # disk goes below RAM
+    generation = cache().tier_generation
     wb.add_tier("disk", root=str(tmp_path / "d"))
+    assert cache().tier_generation == generation + 1     # what caches the tiers' roots keys on
     with pytest.raises(InvalidOption, match="kind"):
         wb.add_tier("disk", name="d2", root=str(tmp_path / "d2"))
     wb.add_tier("shm", root=str(tmp_path / "s"), position=1)
