@@ -95,3 +95,14 @@ def test_chunks_a_peer_removed_turn_the_request_cold_counted(cluster, root, scop
     assert second.model == other and second.stats.cache_hit_kind == "cold"
     assert second.tokens == first.tokens  # the cold reply, no error
     assert counters(cluster, other)["cache_peer_chunks_gone"] >= gone_before + 260 // 64
+
+
+def test_start_checks_the_cache_options_before_starting_anything():
+    import workbench.cluster as wc
+    from workbench.errors import InvalidOption
+
+    for opts, key in (({"storage": "blocks"}, "storage"), ({"chunk_size": 8}, "chunk_size"),
+                      ({"storage": "chunks", "chunk_size": "64"}, "chunk_size")):
+        with pytest.raises(InvalidOption) as e:
+            wc.start(replicas=2, cache_tiers=[{"kind": "ram"}], **opts)
+        assert e.value.key == key
