@@ -10,6 +10,7 @@ import pytest
 
 import workbench as wb
 from workbench.cache import CacheNamespace, RamTier, TieredCache
+from workbench.cache.chunked import ChunkedCache
 from workbench.notebook import views
 
 NS = CacheNamespace("ab" * 32)
@@ -181,7 +182,7 @@ def test_a_model_without_the_cache_says_so(model_path) -> None:
 @pytest.mark.model
 def test_the_views_find_the_engine_cache(model: str) -> None:
     cache = views.model_cache(model)
-    assert isinstance(cache, TieredCache) and views.resolve_cache(model) is cache
+    assert isinstance(cache, ChunkedCache) and views.resolve_cache(model) is cache  # the default storage
     wb.complete(model, "The quick brown fox jumps over the lazy dog, again and again and again.",
                 response_tokens=4)
     rows = views.cache_rows(model)
