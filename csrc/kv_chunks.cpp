@@ -159,8 +159,9 @@ py::list cut(const Context & ctx, std::string_view state, const std::vector<py::
     const std::vector<uint32_t> ends = chunk_ends(n, chunk_size, want_ends);
     const size_t n_chunks = ends.size();
     if (keys.size() != n_chunks) {
-        refuse("state_cut", std::to_string(keys.size()) + " keys for " + std::to_string(n) + " cells in " +
-                                std::to_string(n_chunks) + " chunks");
+        const std::string cut_as = want_ends.empty() ? "in chunks of " + std::to_string(chunk_size) : "cut at the ends given";
+        refuse("state_cut", std::to_string(keys.size()) + " keys for " + std::to_string(n) + " cells " + cut_as +
+                                " (expected " + std::to_string(n_chunks) + ")");
     }
     if (first > n_chunks) refuse("state_cut", "first chunk " + std::to_string(first) + " is past the last");
     const std::string layout = layout_of(s);

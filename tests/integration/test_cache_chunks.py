@@ -175,7 +175,7 @@ def test_engine_rows_of_a_chat_stored_as_chunks_share_their_prefix(model, model_
     from workbench.cache.chunk_store import ChunkStore
     from workbench.cache.format import read_row
 
-    wb.configure_cache([{"kind": "disk", "root": str(tmp_path / "rows"), "budget_bytes": 2**30}])
+    wb.configure_cache([{"kind": "disk", "root": str(tmp_path / "rows"), "budget_bytes": 2**30}], storage="rows")
     mid = wb.load_model(model_path=str(model_path), n_ctx=2048, n_seq_max=1, n_threads=2)
     try:
         messages = [{"role": "user", "content": "Name three rivers of Europe and one fact about each. " * 8}]
