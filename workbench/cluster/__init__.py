@@ -39,7 +39,9 @@ def start(replicas: int = 2, model: str | None = None, router: Any = "cache_affi
     (as configure_cache takes them) give every replica the same tiers: a shm or disk root
     they share is a shared tier: with ``cache_sync='auto'`` a replica adopts the rows the
     others published there before each lookup; ``'manual'``: only at Cluster.sync_cache.
-    Ray restarts a dead replica up to
+    ``storage`` and ``chunk_size`` in ``load`` are configure_cache's (default: chunk storage,
+    chunks of 64; ``storage='rows'`` for whole rows), checked before Ray starts; a shared
+    tier works in both (docs/cluster.md). Ray restarts a dead replica up to
     ``max_restarts`` times (-1: always).
     """
     from . import launch
