@@ -85,7 +85,7 @@ def test_while_off_the_draft_engine_decodes_nothing_for_the_request_but_a_probe(
     off_at = off[0][0]
     probe = [e for e in off if e[2] > 0]
     assert len(probe) == PROBE_STEPS
-    # the draft request in flight at the switch (up to 64 tokens) was cancelled: a decode or two at most
+    # the draft request in flight at the switch (up to 16 tokens) was cancelled: a decode or two at most
     before_probe = [e[3] for e in off if e[0] < probe[0][0]]
     assert before_probe[-1] - before_probe[0] <= 2, log
     # the probe asked for one draft (its catch-up prefill: at most what the target emitted

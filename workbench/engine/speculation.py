@@ -166,7 +166,8 @@ class SpecState:
         plain step a cheap drafter may be asked for a shadow draft, checked later against
         what the target emits (``policy.observe_shadow``) and never verified. While the
         policy is off a draft model's engine does nothing for the request (``pause``) but
-        for a probe, which asks for that one draft only (``ahead=False``)."""
+        for a probe, which asks for that one draft only (``ahead=False``), as the first
+        draft request does."""
         if self.shadow is not None:
             self._settle(history, last, final=False)
         setup = self.drafter.setup_s(history, last, self.policy.plain_s)
@@ -179,7 +180,9 @@ class SpecState:
         if n == 0:
             return []
         t0 = time.perf_counter()
-        tokens = self.drafter.draft(history, last, pos, n, ahead=self.policy.on)
+        # drafts ahead only once one was verified: a first draft request (its prefill is
+        # the whole context) or a probe asks for its one draft
+        tokens = self.drafter.draft(history, last, pos, n, ahead=self.policy.on and self.numbers.steps > 0)
         self.step_draft_s = time.perf_counter() - t0
         self.numbers.draft_s += self.step_draft_s
         if not self.asked:
