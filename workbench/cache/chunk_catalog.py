@@ -236,21 +236,27 @@ class ChunkCatalog:
         self.row_chunks[m.key] = served_by
         self.index.insert(m.namespace, m.tokens, m.key)
         for k in served_by:
-            self.chunks[k].rows.add(m.key)
-        self.protect(served_by)
+            info = self.chunks[k]
+            info.rows.add(m.key)
+            # a new row can only add protection: no pass over every row naming a shared chunk
+            # (a system prompt's first chunk is named by every row under it: O(rows) a put)
+            info.stats.pinned = info.stats.pinned or m.pinned
+            info.stats.live = info.stats.live or m.key in self.live
 
     def pop_row(self, key: str) -> tuple[Manifest, tuple[bytes, ...]] | None:
         m = self.rows.pop(key, None)
         if m is None:
             return None
         served_by = self.row_chunks.pop(key)
+        was_live = key in self.live
         self.live.discard(key)
         self.index.remove(key)
         for k in served_by:
             info = self.chunks.get(k)
             if info is not None:
                 info.rows.discard(key)
-        self.protect([k for k in served_by if k in self.chunks])
+        if m.pinned or was_live:  # only a protected row's leaving can unprotect its chunks
+            self.protect([k for k in served_by if k in self.chunks])
         return m, served_by
 
     def protect(self, chunk_keys: Sequence[bytes]) -> None:
