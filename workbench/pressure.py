@@ -176,10 +176,17 @@ class PressureMonitor:
             return
         self.stats["pressure_events"] += 1
         need = int(worst.used_bytes - self.target * worst.total_bytes)
-        freed = shared_cache().evict_bytes(need) if need > 0 else 0
+        freed = self._free_memory(shared_cache(), need) if need > 0 else 0
         self.stats["cache_bytes_evicted"] += freed
         if freed < need and self.unload_models:
             self._unload_one()
+
+    @staticmethod
+    def _free_memory(cache: Any, need: int) -> int:
+        """Free ``need`` bytes of the top tier (memory): named, since chunk storage's
+        evict_bytes defaults to its last tier (where chunks leave the cache)."""
+        tiers = cache.list_tiers()
+        return cache.evict_bytes(need, tiers[0]["name"]) if tiers else 0
 
     def _unload_one(self) -> None:
         try:

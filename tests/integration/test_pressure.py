@@ -35,6 +35,28 @@ def test_pressure_evicts_cache_bytes_first(model, monitor):
     assert model in {m["model_id"] for m in wb.list_models()}   # cache bytes only: never unloaded
 
 
+def test_pressure_frees_memory_not_the_directory_in_chunk_storage(model, monitor, tmp_path):
+    """RAM copies above a disk chunk tier: pressure drops the copies (memory), and the row
+    stays servable from disk; evicting the last tier would free disk bytes, not memory."""
+    wb.configure_cache([{"kind": "ram", "budget_bytes": 1 << 30},
+                        {"kind": "disk", "root": str(tmp_path / "chunks"), "budget_bytes": 1 << 30}])
+    try:
+        prompt = "Pressure test document in chunks. " * 30
+        wb.prefill_only(model, prompt)
+        assert wb.wait_for_saves()
+        ram, disk = wb.list_tiers()
+        assert ram["used_bytes"] > 0 and disk["used_bytes"] > 0
+        monitor(sources=[lambda: (95, 100)], interval_s=0.05, high=0.9, target=0.8)
+        assert wait_for(lambda: wb.pressure().get("cache_bytes_evicted", 0) > 0, timeout=10.0)
+        wb.stop_pressure_monitor()
+        ram_after, disk_after = wb.list_tiers()
+        assert ram_after["used_bytes"] < ram["used_bytes"]
+        assert disk_after["used_bytes"] == disk["used_bytes"]          # the chunks are all still on disk
+        assert wb.complete(model, prompt, response_tokens=1).stats.cache_hit_kind == "exact"
+    finally:
+        wb.configure_cache([{"kind": "ram"}])
+
+
 def test_unload_the_idle_model_only_when_opted_in(model_path, monitor):
     old = wb.load_model(model_path=str(model_path), model_id="old-idle", n_seq_max=1)
     wb.complete(old, "hi", response_tokens=2)
