@@ -176,6 +176,8 @@ def test_a_read_racing_a_peers_eviction_is_a_miss(tmp_path: Path) -> None:
     a.evict_bytes(1 << 20, None)  # between b's lookup and its read
     assert b.read(hit) is None and b.counters()["get_misses"] == 1
     assert b.lookup(NS, TURN1) is None
+    # forgotten here, not rejected as a damaged file (which deletes what continues it: a peer's)
+    assert b.counters().get("peer_chunks_gone", 0) >= 1 and b.counters().get("rejected_total", 0) == 0
 
 
 def test_a_chain_a_peer_demoted_from_shm_to_disk_stays_held(tmp_path: Path) -> None:

@@ -46,7 +46,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from workbench.cache import keys
+from workbench.cache import chunk_peer_scan, keys
 from workbench.cache.chunk_backends import ChunkDir, ChunkGone
 from workbench.cache.chunk_catalog import ChunkCatalog, ChunkInfo, ChunkPlan
 from workbench.cache.chunk_format import CHUNK_SUFFIX, ChunkMeta, Manifest, manifest_size
@@ -242,10 +242,18 @@ class ChunkStore(ChunkCatalog):
         return top
 
     def _failed_read(self, key: bytes, tier: ChunkTier, exc: Exception) -> None:
-        """A read failed: a chunk that went meanwhile is a miss; one still held there whose
-        file is missing or does not verify is removed (with what depends on it)."""
+        """A read failed: a chunk that went meanwhile is a miss; so is one whose file went
+        while this catalog held it (a peer sharing the directory evicted or moved it): it is
+        forgotten here only, with what continues it, no file deleted (they may be the peer's;
+        orphans are the start-up scan's). One still held whose file does not verify is
+        removed (with what depends on it)."""
         with self.lock:
             if key not in self.chunks or key not in tier:
+                raise KeyError(key.hex()) from exc
+            if isinstance(exc, ChunkGone) and tier.persistent:
+                tier.discard(self.chunks[key], evicted=False)
+                if not self.holders(key):
+                    chunk_peer_scan.forget_chunk(self, key)
                 raise KeyError(key.hex()) from exc
             reason = exc.reason if isinstance(exc, CorruptRow) else CorruptReason.TRUNCATED
             self.reject_chunk(key, reason)
