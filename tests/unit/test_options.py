@@ -150,3 +150,14 @@ def test_relations_with_the_model_default_context():
     assert build(LoadConfig, {"embed_n_seq_max": 3}).embed_params(999) == (999, 3)
     with pytest.raises(InvalidOption, match="embed_n_ctx"):
         build(LoadConfig, {"embed_n_seq_max": 16}).embed_params(1000)
+
+
+@pytest.mark.parametrize("value", [[0], [-3], [1.5], [True], "12", [2**31], list(range(1, 4098)), None])
+def test_cache_boundaries_are_a_bounded_list_of_positions(value):
+    with pytest.raises(InvalidOption) as e:
+        build(RequestOptions, {"cache_boundaries": value})
+    assert e.value.key == "cache_boundaries" and "token positions" in str(e.value)
+
+
+def test_cache_boundaries_are_kept_sorted_and_distinct():
+    assert build(RequestOptions, {"cache_boundaries": [40, 12, 40]}).cache_boundaries == (12, 40)

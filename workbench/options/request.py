@@ -64,12 +64,15 @@ def _seconds(key: str, v: Any, where: str) -> Any:
     return float(v)
 
 
+MAX_POSITIONS = 4096  # cache_boundaries: a prompt has few shared prefixes; each costs a chunk cut
+
+
 def _positions(key: str, v: Any, where: str) -> Any:
-    """A sequence of token positions >= 1 (ints), kept sorted and distinct."""
-    if isinstance(v, (list, tuple)) and all(isinstance(p, int) and not isinstance(p, bool) and 1 <= p <= INT32_MAX
-                                            for p in v):
+    """A sequence of at most MAX_POSITIONS token positions >= 1 (ints), kept sorted and distinct."""
+    if isinstance(v, (list, tuple)) and len(v) <= MAX_POSITIONS and all(
+            isinstance(p, int) and not isinstance(p, bool) and 1 <= p <= INT32_MAX for p in v):
         return tuple(sorted(set(v)))
-    raise InvalidOption(key, v, "a list of token positions (ints >= 1)", where)
+    raise InvalidOption(key, v, f"a list of at most {MAX_POSITIONS} token positions (ints >= 1)", where)
 
 
 def _logit_bias(key: str, v: Any, where: str) -> Any:
