@@ -47,6 +47,7 @@ from workbench.cache.chunk_format import (
     read_chunk,
     read_manifest,
 )
+from workbench.cache.chunk_tier_scan import adopt_parent_first
 from workbench.cache.chunk_tiers import ChunkTier
 from workbench.cache.format import CorruptRow
 from workbench.cache.store import TMP_MARK
@@ -261,19 +262,7 @@ def _adopt_chunks(store: ChunkStore, tiers: list[ChunkTier], parsed: dict[str, d
                 continue
             if meta.key not in store.chunks:
                 pending.setdefault(meta.key, (meta, []))[1].append((tier, size))
-    progress = True
-    while pending and progress:
-        progress = False
-        for k, (meta, copies) in list(pending.items()):
-            if meta.parent is None or meta.parent in store.chunks:
-                (tier, size), *others = copies
-                info = store.adopt_chunk(meta, size, meta.created_at, tier)
-                for other, other_size in others:
-                    other.admit(info.stats)
-                    other.add(info, other_size)
-                del pending[k]
-                out.chunks += 1
-                progress = True
+    out.chunks += adopt_parent_first(store, pending)
     out.waiting += len(pending)
     if out.chunks:
         store.counters.inc("peer_chunks_adopted", out.chunks)

@@ -67,10 +67,14 @@ def scan_tiers(store: ChunkStore, tmp_ttl_s: float) -> dict[str, int]:
     return rejected
 
 
-def _adopt_chains(store: ChunkStore, found: dict[bytes, tuple[ChunkMeta, list[tuple[ChunkTier, int]]]]) -> None:
-    """Adopt chunks parent first; a chunk whose parent is absent is an orphan."""
-    pending = {k: v for k, v in found.items() if k not in store.chunks}
-    progress = True
+Found = dict[bytes, tuple[ChunkMeta, list[tuple[ChunkTier, int]]]]  # chunk key -> (its meta, its copies: tier, size)
+
+
+def adopt_parent_first(store: ChunkStore, pending: Found) -> int:
+    """Adopt the pending chunks whose parent is held (or that start a chain), parents first,
+    each copy in its tier, until none is left that can be; the adopted leave ``pending``.
+    Returns how many were adopted (lock held). The start-up scan and the peer rescan's rule."""
+    adopted, progress = 0, True
     while pending and progress:
         progress = False
         for k, (meta, copies) in list(pending.items()):
@@ -81,7 +85,15 @@ def _adopt_chains(store: ChunkStore, found: dict[bytes, tuple[ChunkMeta, list[tu
                     other.admit(info.stats)
                     other.add(info, other_size)
                 del pending[k]
+                adopted += 1
                 progress = True
+    return adopted
+
+
+def _adopt_chains(store: ChunkStore, found: Found) -> None:
+    """Adopt chunks parent first; a chunk whose parent is absent is an orphan."""
+    pending = {k: v for k, v in found.items() if k not in store.chunks}
+    adopt_parent_first(store, pending)
     for k, (_, copies) in pending.items():
         store.counters.inc("orphans_removed")
         for tier, _ in copies:
