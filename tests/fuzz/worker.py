@@ -91,7 +91,7 @@ class Worker:
     def make_row(self) -> tuple[bytes, str, str]:
         root = self.tmp / "pristine"
         reply = self.greedy(ROW_PROMPT, TOKEN_CAP)
-        wb.configure_cache([{"kind": "disk", "root": str(root)}])
+        wb.configure_cache([{"kind": "disk", "root": str(root)}], storage="rows")  # a row file (format 1) to mutate
         wb.complete(self.m, ROW_PROMPT, response_tokens=TOKEN_CAP)
         wb.wait_for_saves(30)
         best = None
@@ -235,7 +235,8 @@ class Worker:
                                   and case["mutation"][0] not in ("symlink", "directory", "fifo", "sparse"))
             before = wb.counters()
             try:
-                wb.configure_cache([{"kind": "ram", "budget_bytes": RAM_BUDGET}, {"kind": "disk", "root": str(root)}])
+                wb.configure_cache([{"kind": "ram", "budget_bytes": RAM_BUDGET}, {"kind": "disk", "root": str(root)}],
+                                   storage="rows")
                 facts["adopted"] = len(wb.cache_rows())
                 r = wb.complete(self.m, ROW_PROMPT, response_tokens=TOKEN_CAP)
                 facts["hit"] = r.stats.cache_hit_kind
