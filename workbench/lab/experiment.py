@@ -15,8 +15,9 @@ For each request, in arrival order (the clock is the trace's arrival time in sec
 
 KV costs bytes_per_token bytes a token (default 23,040: SmolLM2-135M's f16 K+V per token).
 The cache is, by default, the chunk model (`chunksim.ChunkSimCache`: the rules of the chunked
-cache, `ChunkedCache` over one `ChunkStore`: rows as manifests over 256-token chunks, a
-shared prefix stored once, chain lookups, leaves evicted first, the store's file sizes,
+cache, `ChunkedCache` over one `ChunkStore`: rows as manifests over chunks of the cache's
+DEFAULT_CHUNK_SIZE (64) tokens, a shared prefix stored once, chain lookups, leaves evicted
+first, the store's file sizes,
 checked against the real store by tests/unit/test_lab_vs_store.py); with chunk_size=None
 the whole-row model (`simcache.SimCache`, a row of n tokens costing n * bytes_per_token).
 Both are built from the cache's own Catalog, PrefixIndex, Level and policies, one tier,
@@ -87,14 +88,14 @@ def replay(trace: Trace | Sequence[Sequence[int]], policies: Iterable[PolicySpec
     `workers`: processes for the (policy, size) pairs; None = the usable cores (forked, so
     functions need not pickle), 1 = in this process.
 
-    `chunk_size` (tokens, default 256): the chunk model (`chunksim.py`, the chunk store's
+    `chunk_size` (tokens, default the cache's DEFAULT_CHUNK_SIZE, 64): the chunk model (`chunksim.py`, the chunk store's
     rules): rows are manifests over chunks keyed by `keys.chunk_keys`, a shared prefix
     stored once, lookups of rows or chains of chunks, leaves evicted first, the policy
     scoring chunks, bytes the store's file sizes; adds the columns chunks_end,
     logical_bytes_end (the cached rows as whole rows), shared_bytes_end, chunks_written,
-    chunks_reused, chunks_collected, chunk_ties (choices the store leaves to set order).
+    chunks_reused, chunks_collected, chunk_ties (equal agreements, broken to the chunk used last).
     None: the whole-row model (`simcache.py`: every row stored whole, as `TieredCache`
-    stores them until the chunked cache lands).
+    stores them with ``storage='rows'``).
     """
     import pandas as pd
 
