@@ -48,7 +48,7 @@ def test_a_shared_prefix_is_stored_once() -> None:
     system = list(range(1000, 1512))                      # 512 tokens: two full chunks
     prompts = [system + list(range(100 * i, 100 * i + 10)) for i in range(1, 6)]
     df = lab.replay(Trace.from_prompts(prompts), ["lru"], [10**6], bytes_per_token=1, checkpoint_every=None,
-                    workers=1)
+                    workers=1, chunk_size=256)
     row = df.iloc[0]
     # five prompt rows of 521 tokens: the system's 2 chunks once, five tails of 9 tokens, at
     # the store's file sizes (a chunk file: header, tokens, payload), and five manifests

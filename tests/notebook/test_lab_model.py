@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+import workbench as wb
 from workbench import lab
 from workbench.lab import traces
 
@@ -57,10 +58,14 @@ def test_the_simulation_matches_the_real_engine_request_by_request(fresh_model: 
     token decoded again), not against a second copy of those rules."""
     trace = traces.rag_queries(10, seed=11, documents=6, doc_tokens=(40, 120), system_tokens=60,
                                query_tokens=(5, 15), reply_tokens=(4, 8))
-    # whole rows, as the engine stores them by default (its chunk storage is compared with the
-    # lab's chunk model in tests/unit/test_lab_vs_store.py)
-    df = lab.replay(trace, ["lru"], ["4GiB"], checkpoint_every=64, model=fresh_model, response_tokens=2,
-                    sessions=False, workers=1, chunk_size=None)
+    # the lab's whole-row model against the engine in whole-row storage (chunk storage, the
+    # default, is compared with the lab's chunk model in tests/unit/test_lab_vs_store.py)
+    wb.configure_cache([{"kind": "ram", "budget_bytes": 4 << 30}], storage="rows")
+    try:
+        df = lab.replay(trace, ["lru"], ["4GiB"], checkpoint_every=64, model=fresh_model, response_tokens=2,
+                        sessions=False, workers=1, chunk_size=None)
+    finally:
+        wb.configure_cache([{"kind": "ram"}])
     per_request = df.attrs["requests"]
     assert len(per_request) == 10
     kinds = list(per_request["sim_hit_kind"])
