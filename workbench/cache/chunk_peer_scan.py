@@ -47,7 +47,7 @@ from workbench.cache.chunk_format import (
     read_chunk,
     read_manifest,
 )
-from workbench.cache.chunk_tier_scan import adopt_parent_first
+from workbench.cache.chunk_tier_scan import adopt_manifest, adopt_parent_first
 from workbench.cache.chunk_tiers import ChunkTier
 from workbench.cache.format import CorruptRow
 from workbench.cache.store import TMP_MARK
@@ -287,11 +287,7 @@ def _adopt_manifests(store: ChunkStore, tiers: list[ChunkTier], parsed: dict[str
             out.waiting += 1
             out.deferred = out.deferred or any((t.name, k) in store.moves.writing for t in tiers for k in got.chunks)
             continue
-        size = manifest_size(got.n_tokens, len(got.chunks))
-        last.used += size
-        store.used += size
-        store.manifest_at[got.key] = last
-        store.add_row(got, served_by)
+        adopt_manifest(store, last, got, served_by)
         out.rows += 1
     if out.rows:
         store.counters.inc("peer_rows_adopted", out.rows)

@@ -53,11 +53,7 @@ def scan_tiers(store: ChunkStore, tmp_ttl_s: float) -> dict[str, int]:
         if served_by is None:
             reject(path, "missing_chunk")
             continue
-        size = manifest_size(m.n_tokens, len(m.chunks))
-        tier.used += size
-        store.used += size
-        store.manifest_at[m.key] = tier
-        store.add_row(m, served_by)
+        adopt_manifest(store, tier, m, served_by)
     for info in list(store.chunks.values()):
         if info.key in store.chunks:
             store.absorb(info)  # a writer killed between a chunk and the absorption
@@ -68,6 +64,16 @@ def scan_tiers(store: ChunkStore, tmp_ttl_s: float) -> dict[str, int]:
 
 
 Found = dict[bytes, tuple[ChunkMeta, list[tuple[ChunkTier, int]]]]  # chunk key -> (its meta, its copies: tier, size)
+
+
+def adopt_manifest(store: ChunkStore, tier: ChunkTier, m: Manifest, served_by: tuple[bytes, ...]) -> None:
+    """Hold a verified manifest found in ``tier`` as a row served by ``served_by`` (its bytes
+    counted in the tier and the store; lock held). The start-up scan's and the peer rescan's."""
+    size = manifest_size(m.n_tokens, len(m.chunks))
+    tier.used += size
+    store.used += size
+    store.manifest_at[m.key] = tier
+    store.add_row(m, served_by)
 
 
 def adopt_parent_first(store: ChunkStore, pending: Found) -> int:
