@@ -65,3 +65,15 @@ def test_chats_under_one_system_prompt_store_it_once(model, disk_chunks):
     warm = [wb.chat(model, messages(q), response_tokens=12) for q in QUESTIONS]
     assert [r.stats.cache_hit_kind for r in warm] == ["exact", "exact"]
     assert [r.tokens for r in warm] == [r.tokens for r in cold]
+
+
+def test_cached_prefix_names_the_tier_of_the_chain_a_restore_reads(model, disk_chunks):
+    """A chain cut where the system prompt ends leaves the fixed grid: the tier reported for
+    a prefix inside it is the tier of its own chunks (the fixed grid's keys name none)."""
+    wb.chat(model, messages(QUESTIONS[0]), response_tokens=4)
+    assert wb.wait_for_saves()
+    prompt = wb.render_chat_template(model, messages(QUESTIONS[0])).tokens
+    assert len(prompt) > CHUNK  # the chain continues past the first grid position it left
+    probe = wb.cached_prefix(model, prompt[:-3])                 # inside its chain, no row named
+    assert probe.key is None and probe.tokens == len(prompt) - 3
+    assert probe.tier == "disk"

@@ -228,9 +228,14 @@ class ChunkedCache(QueuedSaves):
 
     def cached_prefix_len(self, namespace: CacheNamespace | bytes, tokens: Tokens) -> int:
         """Length of the longest stored prefix; a probe, so no counters move."""
+        hit = self.probe(namespace, tokens)
+        return 0 if hit is None else hit.n_tokens
+
+    def probe(self, namespace: CacheNamespace | bytes, tokens: Tokens) -> ChunkHit | None:
+        """What ``lookup`` would find (the chain a restore reads, its tier), counting nothing."""
         with self._lock:
             m = self._served(self._store.lookup(keys.digest_of(namespace), keys.token_bytes(tokens)))
-        return 0 if m is None else m.n_tokens
+            return None if m is None else ChunkHit(m.key, m.n_tokens, m.chunks, tier_of(self._store, m.chunks))
 
     def _served(self, m: Any) -> Any:
         """A store match, or None for a chain no row names shorter than min_chain_tokens."""

@@ -24,7 +24,7 @@ from ..cache import CacheNamespace, CorruptReason, HitKind, SaveReason, row_key
 from ..cache.chunked import ChunkedCache
 from ..cache.shared import PrefixCache, shared_cache
 from ..options import ROPE_KEYS
-from .prefix_chunks import chain_tier, restore_chunks, save_chunks
+from .prefix_chunks import restore_chunks, save_chunks
 
 # --- restoring a sequence's state ---------------------------------------------------------
 
@@ -203,14 +203,17 @@ class EngineCache:
     def cached_prefix(self, tokens: Sequence[int], scope: str, ctx: Any) -> CachedPrefix:
         """What the cache holds of ``tokens`` (see CachedPrefix); no counters move."""
         cache, ns = self.cache, self.namespace(scope)
-        n = cache.cached_prefix_len(ns, tokens)
+        if isinstance(cache, ChunkedCache):
+            hit = cache.probe(ns, tokens)
+            n, tier = (0, None) if hit is None else (hit.n_tokens, hit.tier)  # the chain a restore reads
+        else:
+            n, tier = cache.cached_prefix_len(ns, tokens), None
         kind = HitKind.of(n, len(tokens)).value
         if n == 0:
             return CachedPrefix(0, 0, None, kind, None)
-        prefix = list(tokens[:n])
-        key: str | None = row_key(ns.digest(), prefix)
-        if key in cache:
+        key: str | None = row_key(ns.digest(), list(tokens[:n]))
+        if key not in cache:
+            key = None  # a chain of chunks no row names (or the row went meanwhile)
+        elif tier is None:
             tier = next((r["tier"] for r in cache.rows() if r["key"] == key), None)
-        else:  # a chain of chunks no row names (or the row went meanwhile)
-            key, tier = None, chain_tier(cache, ns, prefix) if isinstance(cache, ChunkedCache) else None
         return CachedPrefix(n, n * kv_bytes_per_token(ctx), tier, kind, key)

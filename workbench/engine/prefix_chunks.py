@@ -57,19 +57,6 @@ def restore_chunks(cache: ChunkedCache, pool: Any, seq: int, prompt: list[int], 
     return hit.n_tokens, HitKind.of(hit.n_tokens, len(prompt), by_key=by_key), hit.key, hit.tier
 
 
-def chain_tier(cache: ChunkedCache, ns: CacheNamespace, prefix: list[int]) -> str | None:
-    """The slowest tier holding a chunk that a restore of ``prefix`` by a chain no row names
-    may read: the prompt's own full chunks and, when the chain ends inside a chunk, the stored
-    chunks continuing the last of them (the one that agrees longest is among them)."""
-    size = cache.chunk_size
-    full = [k.hex() for k in kv_chunks.keys_for(ns.digest(), prefix, size)[: len(prefix) // size]]
-    parent = full[-1] if full else None
-    inside = len(prefix) % size != 0
-    wanted, tiers = set(full), [t["name"] for t in cache.list_tiers()]
-    held = {c["tier"] for c in cache.chunk_rows() if c["key"] in wanted or (inside and c["parent"] == parent)}
-    return max(held & set(tiers), key=tiers.index, default=None)  # a chunk between tiers: not a tier
-
-
 def save_chunks(cache: ChunkedCache, ctx: Any, seq: int, tokens: list[int], ns: CacheNamespace,
                 reason: SaveReason, *, sync: bool, live: bool, counters: Any,
                 marks: Sequence[int] = ()) -> tuple[str, bool] | None:
