@@ -14,10 +14,14 @@ design is explored in seconds; bench_router.py confirms it on engines.
 
     python bench/sim_router.py [--replicas 2,4] [--requests 80] [--trace mixed|documents]
                                [--cache-mib 48] [--chunk-size N] [--routers a,b]
-                               [--affinity-options JSON ...] [--seeds N]
+                               [--affinity-options JSON ...] [--seeds N] [--hindsight]
 
 Each `--affinity-options` adds a cache_affinity variant to the table. `--seeds N` runs both
 traces at seeds 0..N-1 and counts, per router, the runs where issue 15's targets hold.
+`--hindsight` adds what no online router can know: the best placement of whole tenants (a
+request's first segment: its system prompt or agent prefix) with a load spread <= 1.5,
+found by trying every partition of the tenants into one group per replica (what the
+targets ask of a router on a trace, against the tree's tokens).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import argparse
 import dataclasses
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from router_traces import TRACES, make_trace  # noqa: E402
 from workbench.cache.policies import get_policy  # noqa: E402
 from workbench.cache.types import SaveReason  # noqa: E402
-from workbench.cluster.routers import ReplicaFacts, RouteRequest, make_router, router_name  # noqa: E402
+from workbench.cluster.routers import Decision, ReplicaFacts, RouteRequest, make_router, router_name  # noqa: E402
 from workbench.lab.chunksim import ChunkSimCache  # noqa: E402
 from workbench.lab.experiment import DEFAULT_BYTES_PER_TOKEN  # noqa: E402
 from workbench.lab.plan import NAMESPACE, PIN, Plan, build_plan  # noqa: E402
@@ -122,6 +126,69 @@ def simulate(router: Any, trace: Trace, plan: Plan, replicas: int, budget: int, 
             "per_replica": routed, "picks": picks}
 
 
+def tenants_of(trace: Trace) -> list[int]:
+    """Each request's tenant: its first segment (the system prompt or the agent prefix)."""
+    return [int(trace.prompt(i)[0]) for i in range(len(trace))]
+
+
+def partitions(items: Sequence[int], k: int) -> Iterator[list[list[int]]]:
+    """Every partition of ``items`` into exactly ``k`` non-empty groups (groups unordered)."""
+    groups: list[list[int]] = []
+
+    def extend(i: int) -> Iterator[list[list[int]]]:
+        if len(items) - i < k - len(groups):
+            return
+        if i == len(items):
+            yield [list(g) for g in groups]
+            return
+        for g in groups:
+            g.append(items[i])
+            yield from extend(i + 1)
+            g.pop()
+        if len(groups) < k:
+            groups.append([items[i]])
+            yield from extend(i + 1)
+            groups.pop()
+
+    yield from extend(0)
+
+
+class Placement:
+    """A router that sends each tenant's requests to the replica a fixed map names."""
+
+    name = "hindsight"
+    probe = False
+
+    def __init__(self, tenants: Sequence[int], where: dict[int, int]) -> None:
+        self.tenants, self.where, self.i = tenants, where, 0
+
+    def choose(self, request: RouteRequest, replicas: Sequence[ReplicaFacts]) -> Decision:
+        self.i += 1
+        return Decision(self.where[self.tenants[self.i - 1]], "placed in hindsight")
+
+
+def hindsight(trace: Trace, plan: Plan, replicas: int, budget: int, *, max_spread: float = 1.5,
+              limit: int = 5_000, **kw: Any) -> dict[str, Any] | None:
+    """The best whole-tenant placement whose requests per replica stay within
+    ``max_spread``, every partition tried (None past ``limit`` partitions or when none
+    is balanced)."""
+    tenants = tenants_of(trace)
+    order = list(dict.fromkeys(tenants))
+    count = {t: tenants.count(t) for t in order}
+    best = None
+    for n, groups in enumerate(partitions(order, replicas)):
+        if n >= limit:
+            return None
+        loads = [sum(count[t] for t in g) for g in groups]
+        if max(loads) > max_spread * min(loads):
+            continue
+        res = simulate(Placement(tenants, {t: k for k, g in enumerate(groups) for t in g}), trace, plan,
+                       replicas, budget, **kw)
+        if best is None or res["saved_tokens"] > best["saved_tokens"]:
+            best = res
+    return best
+
+
 def plan_for(trace: Trace, response_tokens: int, chunk_size: int | None) -> Plan:
     """The engine's save rules at bench_router.py's load options (n_ctx 2048: no cold
     checkpoint below 2,048 tokens; cache_min_tokens 16)."""
@@ -182,6 +249,8 @@ def main() -> None:
                     help="a cache_affinity variant's options (repeatable)")
     ap.add_argument("--seeds", type=int, default=None, metavar="N",
                     help="trace seeds 0..N-1 (both traces), summarised against issue 15's targets")
+    ap.add_argument("--hindsight", action="store_true",
+                    help="add the best balanced whole-tenant placement (without --seeds)")
     ap.add_argument("--json", type=Path, help="also write the results here")
     args = ap.parse_args()
     budget = int(args.cache_mib * (1 << 20))
@@ -199,6 +268,10 @@ def main() -> None:
             for name, opts in variants:
                 res = simulate(make_router(name, opts), trace, plan, n, budget, bytes_per_token=args.bytes_per_token)
                 rows.append({"trace_kind": kind, "seed": seed, "replicas": n, "options": opts, **res})
+            best = hindsight(trace, plan, n, budget, bytes_per_token=args.bytes_per_token) \
+                if args.hindsight and args.seeds is None else None
+            if best is not None:
+                rows.append({"trace_kind": kind, "seed": seed, "replicas": n, "options": None, **best})
     print(table(rows) if args.seeds is None else targets(rows))
     if args.json:
         args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json)}, "results": rows},
