@@ -25,6 +25,9 @@ from .replica import CACHE_OPTIONS, CACHE_SYNCS, Replica, check_cache_options
 from .wire import unpack_error
 
 WHERE = "cluster option"
+# A local Ray's raylet exits when its agent has not registered within this; Ray's 30 s
+# default was too short here on a loaded 2-core machine (load 12+: start failed)
+AGENT_REGISTER_TIMEOUT_MS = 120_000
 
 
 class _ReplicaActor(Replica):
@@ -91,7 +94,7 @@ def init_ray(address: str | None, num_cpus: int) -> bool:
         ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR)
         return False
     ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
-             logging_level=logging.ERROR)
+             logging_level=logging.ERROR, _system_config={"agent_register_timeout_ms": AGENT_REGISTER_TIMEOUT_MS})
     return True
 
 
