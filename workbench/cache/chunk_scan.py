@@ -9,8 +9,6 @@ each chunk's first read, as for row files.
 
 from __future__ import annotations
 
-import os
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +23,7 @@ from workbench.cache.chunk_format import (
     read_manifest,
 )
 from workbench.cache.format import CorruptReason, CorruptRow
-from workbench.cache.store import ROW_SUFFIX, TMP_MARK, is_orphan, unlink_quietly
+from workbench.cache.store import ROW_SUFFIX, TmpSweep, scan_entries
 
 
 @dataclass(slots=True)
@@ -37,14 +35,9 @@ class DirContents:
 
 def read_dir(root: Path, reject: Callable[[str, str], None], tmp_ttl_s: float = 600.0) -> DirContents:
     out = DirContents()
-    now = time.time()
-    for entry in os.scandir(root):
+    tmp = TmpSweep()
+    for entry in scan_entries(root, tmp_ttl_s, tmp):
         name = entry.name
-        if TMP_MARK in name:
-            if is_orphan(entry, now, tmp_ttl_s):
-                unlink_quietly(entry.path)
-                out.tmp_removed += 1
-            continue
         try:
             if name.endswith(CHUNK_SUFFIX):
                 meta, _, length = read_chunk(entry.path, load_payload=False)
@@ -62,4 +55,5 @@ def read_dir(root: Path, reject: Callable[[str, str], None], tmp_ttl_s: float = 
             reject(entry.path, exc.reason.value)
         except OSError:
             continue  # vanished, or unreadable: not adopted, left alone
+    out.tmp_removed = tmp.removed
     return out

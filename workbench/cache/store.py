@@ -28,6 +28,7 @@ import os
 import stat
 import secrets
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -181,18 +182,11 @@ def scan_dir(
 ) -> ScanReport:
     """Verify every row file under `root`; see the module doc for what is kept."""
     report = ScanReport()
-    now = time.time()
-    for entry in os.scandir(root):
-        name = entry.name
-        if TMP_MARK in name:
-            if is_orphan(entry, now, tmp_ttl_s):
-                unlink_quietly(entry.path)
-                report.orphans_removed += 1
-            else:
-                report.tmp_kept += 1
-            continue
-        if name.endswith(ROW_SUFFIX):
-            _scan_row(root, name, report, verify_payload, expected_fingerprint, max_payload)
+    tmp = TmpSweep()
+    for entry in scan_entries(root, tmp_ttl_s, tmp):
+        if entry.name.endswith(ROW_SUFFIX):
+            _scan_row(root, entry.name, report, verify_payload, expected_fingerprint, max_payload)
+    report.orphans_removed, report.tmp_kept = tmp.removed, tmp.kept
     return report
 
 
@@ -222,6 +216,29 @@ def _scan_row(root: Path, name: str, report: ScanReport, verify_payload: bool,
     except OSError:
         return  # vanished, or unreadable (permissions, I/O): not adopted, left alone
     report.rows.append((row.meta, row_size(row.meta.n_tokens, row.payload_len)))
+
+
+@dataclass(slots=True)
+class TmpSweep:
+    """The tmp files a directory scan met: orphans it deleted, and the rest (writers at work)."""
+
+    removed: int = 0
+    kept: int = 0
+
+
+def scan_entries(root: Path, tmp_ttl_s: float, tmp: TmpSweep) -> Iterator[os.DirEntry[str]]:
+    """The entries of `root` other than tmp files, for a start-up scan (row files and chunk
+    files alike); each tmp file on the way is deleted when it is an orphan (`is_orphan`),
+    and counted in `tmp`."""
+    now = time.time()
+    for entry in os.scandir(root):
+        if TMP_MARK not in entry.name:
+            yield entry
+        elif is_orphan(entry, now, tmp_ttl_s):
+            unlink_quietly(entry.path)
+            tmp.removed += 1
+        else:
+            tmp.kept += 1
 
 
 def is_orphan(entry: os.DirEntry[str], now: float, ttl: float) -> bool:
