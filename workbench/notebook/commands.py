@@ -209,11 +209,7 @@ def _evict(m: WorkbenchMagics, args: Any) -> None:
 @with_arguments(_cache_args)
 def _pin(m: WorkbenchMagics, args: Any) -> None:
     """Pin a row (the previously pinned row of its namespace is unpinned)."""
-    cache = m.cache_of(args)
-    try:
-        old = cache.pin(m.row_key(cache, args.key))
-    except KeyError as e:
-        raise UsageError(str(e.args[0])) from None
+    old = _on_row(m, args, lambda cache, key: cache.pin(key))
     print(f"pinned {args.key}" + (f" (unpinned {old[:12]})" if old else ""))
 
 
@@ -222,12 +218,18 @@ def _pin(m: WorkbenchMagics, args: Any) -> None:
 @with_arguments(_cache_args)
 def _unpin(m: WorkbenchMagics, args: Any) -> None:
     """Unpin a row."""
+    was = _on_row(m, args, lambda cache, key: cache.unpin(key))
+    print(f"unpinned {args.key}" if was else f"{args.key} was not pinned")
+
+
+def _on_row(m: WorkbenchMagics, args: Any, op: Callable[[Any, str], Any]) -> Any:
+    """``op(cache, key)`` on the row that KEY (a key or a unique prefix) names in the
+    command's cache; a KEY naming no row, or several, is a UsageError with the cache's words."""
     cache = m.cache_of(args)
     try:
-        was = cache.unpin(m.row_key(cache, args.key))
+        return op(cache, m.row_key(cache, args.key))
     except KeyError as e:
         raise UsageError(str(e.args[0])) from None
-    print(f"unpinned {args.key}" if was else f"{args.key} was not pinned")
 
 
 # each wrapped by magic_arguments, which gives the function a `parser` (its usage)
