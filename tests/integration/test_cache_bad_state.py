@@ -25,22 +25,57 @@ REPO = Path(__file__).resolve().parents[2]
 PROMPT = ("<|im_start|>system\nYou are a careful assistant.<|im_end|>\n<|im_start|>user\n"
           "Name three rivers in Europe and say where each one ends.<|im_end|>\n<|im_start|>assistant\n")
 
-CHILD = textwrap.dedent(r'''
+# the start of each variant's child: its arguments
+HEAD = textwrap.dedent(r'''
     import json, os, struct, sys
     from pathlib import Path
     import workbench as wb
-    from workbench.cache import store
-    from workbench.cache.format import read_row
 
-    model_path, root, phase = sys.argv[1], sys.argv[2], sys.argv[3]
-    PROMPT = sys.argv[4]
-    wb.configure_cache([{"kind": "disk", "root": root, "budget_bytes": None}], storage="rows")
+    model_path, root, phase, PROMPT = sys.argv[1:5]
+''')
+
+# the end of each variant's child, after it has configured the cache and defined
+# poison_stored() (poison the stored prompt's first file; its path), still_poisoned(path)
+# and SETTLE_BEFORE_LATER (wait for the refused run's saves before the later requests)
+SCENARIO = textwrap.dedent(r'''
     m = wb.load_model(model_path=model_path, n_seq_max=2)
-    out = {}
 
     def run(**kw):
         r = wb.complete(m, PROMPT, response_tokens=12, **kw)
         return {"tokens": list(r.tokens), "kind": r.stats.cache_hit_kind}
+
+    def first_process():
+        out = {"cold": run(cache=False), "saving": run()}
+        assert wb.wait_for_saves()
+        path = poison_stored()
+        # an idle session holds the other sequence's KV: a refused restore must not touch it
+        wb.complete(m, "Hello there, how are", session_id="s", response_tokens=2)
+        out["restore"] = run()          # meets the poisoned file
+        out["session_after"] = wb.complete(m, "Hello there, how are you today?", session_id="s",
+                                           response_tokens=2).stats.cache_hit_kind
+        c = wb.counters()
+        out["rejected_bad_state"] = c.get("cache_rejected_bad_state", 0)
+        out["restore_failed"] = c.get("cache_restore_failed", 0)
+        out["not_cleared"] = c.get("cache_seq_not_cleared", 0)
+        if SETTLE_BEFORE_LATER:
+            assert wb.wait_for_saves()
+        out["later"] = [run(), run(cache=False), run()]
+        assert wb.wait_for_saves()
+        out["file_after"] = "absent" if not path.exists() else "poisoned" if still_poisoned(path) else "resaved"
+        return out
+
+    def next_process():
+        return {"next_process": run(), "rejected": wb.counters().get("cache_rejected_total", 0)}
+
+    print(json.dumps(first_process() if phase == "first" else next_process()))
+''')
+
+CHILD = HEAD + textwrap.dedent(r'''
+    from workbench.cache import store
+    from workbench.cache.format import read_row
+
+    wb.configure_cache([{"kind": "disk", "root": root, "budget_bytes": None}], storage="rows")
+    SETTLE_BEFORE_LATER = False
 
     def cells(state):
         """(offset, position) of every cell of a one-stream llama.cpp sequence state."""
@@ -53,8 +88,12 @@ CHILD = textwrap.dedent(r'''
             off += 8 + 4 * n_seq
         return out
 
-    def poison(path):
-        """Move the last cell of the state to INT32_MAX and re-checksum the row file."""
+    def poison_stored():
+        """Move the last cell of the prompt's row to INT32_MAX and re-checksum the row file."""
+        n = len(wb.tokenize(m, PROMPT)) - 1
+        rows = [r for r in wb.cache_rows() if r["n_tokens"] == n]
+        assert len(rows) == 1, wb.cache_rows()
+        path = store.row_path(Path(root), rows[0]["key"])
         row = read_row(path)
         state = bytearray(row.payload)
         found = cells(state)
@@ -62,49 +101,22 @@ CHILD = textwrap.dedent(r'''
         struct.pack_into("<i", state, found[-1][0], 2**31 - 1)
         os.unlink(path)
         store.publish_row(path.parent, row.meta, bytes(state))  # valid header and payload checksums
-        return row.meta.key
+        return path
 
-    if phase == "first":
-        out["cold"] = run(cache=False)
-        out["saving"] = run()
-        assert wb.wait_for_saves()
-        n = len(wb.tokenize(m, PROMPT)) - 1
-        rows = [r for r in wb.cache_rows() if r["n_tokens"] == n]
-        assert len(rows) == 1, wb.cache_rows()
-        path = store.row_path(Path(root), rows[0]["key"])
-        key = poison(path)
-        out["poisoned"] = key
-        # an idle session holds the other sequence's KV: a refused restore must not touch it
-        wb.complete(m, "Hello there, how are", session_id="s", response_tokens=2)
-        out["restore"] = run()          # meets the poisoned row
-        out["session_after"] = wb.complete(m, "Hello there, how are you today?", session_id="s",
-                                           response_tokens=2).stats.cache_hit_kind
-        c = wb.counters()
-        out["rejected_bad_state"] = c.get("cache_rejected_bad_state", 0)
-        out["restore_failed"] = c.get("cache_restore_failed", 0)
-        out["not_cleared"] = c.get("cache_seq_not_cleared", 0)
-        out["later"] = [run(), run(cache=False), run()]
-        assert wb.wait_for_saves()
-        after = read_row(path) if path.exists() else None
-        out["file_after"] = "absent" if after is None else (
-            "poisoned" if max(p for _, p in cells(after.payload)) >= 2**31 - 1 else "resaved")
-    else:
-        out["next_process"] = run()
-        out["rejected"] = wb.counters().get("cache_rejected_total", 0)
-    print(json.dumps(out))
-''')
+    def still_poisoned(path):
+        return max(p for _, p in cells(read_row(path).payload)) >= 2**31 - 1
+''') + SCENARIO
 
 
-def child(model_path: Path, root: Path, phase: str) -> dict:
-    done = subprocess.run([sys.executable, "-c", CHILD, str(model_path), str(root), phase, PROMPT],
+def child(script: str, model_path: Path, root: Path, phase: str) -> dict:
+    done = subprocess.run([sys.executable, "-c", script, str(model_path), str(root), phase, PROMPT],
                           capture_output=True, text=True, timeout=300, cwd=REPO)
     assert done.returncode == 0, f"the child died with {done.returncode}: {done.stderr[-3000:]}"
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def test_a_row_with_a_malformed_state_is_refused_removed_and_the_request_runs_cold(model_path, tmp_path):
-    root = tmp_path / "disk"
-    first = child(model_path, root, "first")
+def assert_refused_removed_and_ran_cold(first: dict) -> list[int]:
+    """The first process's figures; its cold reply."""
     cold = first["cold"]["tokens"]
     assert first["saving"]["tokens"] == cold
     assert first["restore"] == {"tokens": cold, "kind": "cold"}  # refused, ran cold, same reply
@@ -113,7 +125,15 @@ def test_a_row_with_a_malformed_state_is_refused_removed_and_the_request_runs_co
     assert first["session_after"] == "sticky"                      # the other sequence's KV was kept
     assert [r["tokens"] for r in first["later"]] == [cold] * 3     # no DecodeFailed afterwards
     assert first["file_after"] != "poisoned"                      # the bad file is gone
-    # the next process meets no poisoned row: a clean exact restore of the re-saved row
-    second = child(model_path, root, "second")
-    assert second["next_process"]["tokens"] == cold
-    assert second["next_process"]["kind"] == "exact" and second["rejected"] == 0
+    return cold
+
+
+def assert_next_process_restores_exact(second: dict, cold: list[int]) -> None:
+    """The next process meets no poisoned file: a clean exact restore of what was saved again."""
+    assert second["next_process"] == {"tokens": cold, "kind": "exact"} and second["rejected"] == 0
+
+
+def test_a_row_with_a_malformed_state_is_refused_removed_and_the_request_runs_cold(model_path, tmp_path):
+    root = tmp_path / "disk"
+    cold = assert_refused_removed_and_ran_cold(child(CHILD, model_path, root, "first"))
+    assert_next_process_restores_exact(child(CHILD, model_path, root, "second"), cold)

@@ -16,7 +16,6 @@ checks what a user would meet:
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import shutil
@@ -30,6 +29,7 @@ from pathlib import Path
 
 import pytest
 
+from crash_checks import CHILD_PRELUDE, assert_restart_clean, run_checker
 from crash_kills import REPO, child_env, kill_at_random, tmp_files
 from waiting import wait_for
 
@@ -41,11 +41,12 @@ KILLS = int(os.environ.get("WORKBENCH_CRASH_KILLS", "25"))
 CHECK_EVERY = 100
 N_PROMPTS = 24
 
-COMMON = textwrap.dedent(r'''
-    import json, sys
+COMMON = CHILD_PRELUDE + textwrap.dedent(r'''
+    import json
     import workbench as wb
 
     model_path, shm_root, disk_root = sys.argv[1], sys.argv[2], sys.argv[3]
+    ROOTS = [shm_root, disk_root]
     TIERS = [{"kind": "shm", "root": shm_root, "budget_bytes": 6 << 20},
              {"kind": "disk", "root": disk_root, "budget_bytes": 48 << 20}]
 
@@ -53,49 +54,21 @@ COMMON = textwrap.dedent(r'''
         return ("<|im_start|>system\nYou are a terse assistant.<|im_end|>\n<|im_start|>user\n"
                 f"Question {i}: what is {i} plus {i * 7 % 13}? Answer with one number." * (1 + i % 3)
                 + "<|im_end|>\n<|im_start|>assistant\n")
-''')
+''') + f"PROMPTS = [prompt(i) for i in range({N_PROMPTS})]\n"
 
 WRITER = COMMON + textwrap.dedent(r'''
-    import random
-    seed = int(sys.argv[4])
-    print("ready", flush=True)  # a kill may land in the start-up scan or the model load too
-    wb.configure_cache(TIERS, storage="rows")
-    m = wb.load_model(model_path=model_path, n_ctx=1024, n_seq_max=2, n_threads=1)
-    rng = random.Random(seed)
-    while True:
-        wb.complete(m, prompt(rng.randrange(N_PROMPTS)), response_tokens=rng.randrange(1, 6))
-''').replace("N_PROMPTS", str(N_PROMPTS))
+    cc.write_forever(model_path, lambda: wb.configure_cache(TIERS, storage="rows"), PROMPTS, seed=int(sys.argv[4]))
+''')
 
 CHECKER = COMMON + textwrap.dedent(r'''
-    import os
     from workbench.cache.shared import shared_cache
-    info = wb.configure_cache(TIERS, storage="rows")
-    out = {"scan_counters": {k: v for k, v in info["counters"].items() if k.startswith(("rejected", "orphans"))},
-           "tmp_left": [n for r in (shm_root, disk_root) for n in os.listdir(r) if ".tmp." in n],
-           "rows": info["rows"]}
+    out = cc.scan_facts(wb.configure_cache(TIERS, storage="rows"), ROOTS)
     cache = shared_cache()
     out["unreadable"] = sum(cache.get(key, promote=False) is None for key in cache.keys())
-    m = wb.load_model(model_path=model_path, n_ctx=1024, n_seq_max=2, n_threads=1)
-    by_len = {}
-    for r in wb.cache_rows():
-        by_len.setdefault(r["n_tokens"], []).append(r["key"])
-    checked = mismatched = not_exact = 0
-    for i in range(N_PROMPTS):
-        n = len(wb.tokenize(m, prompt(i))) - 1
-        if wb.cached_prefix_len(m, prompt(i)) != n:
-            continue  # no row for this prompt (never saved, evicted, or its save was killed)
-        warm = wb.complete(m, prompt(i), response_tokens=5)
-        cold = wb.complete(m, prompt(i), response_tokens=5, cache=False)
-        checked += 1
-        not_exact += warm.stats.cache_hit_kind != "exact"
-        mismatched += warm.tokens != cold.tokens
-    c = wb.counters()
-    out.update(checked=checked, mismatched=mismatched, not_exact=not_exact,
-               restore_failed=c.get("cache_restore_failed", 0),
-               rejected_at_read=c.get("cache_rejected_total", 0) - sum(
-                   v for k, v in out["scan_counters"].items() if k == "rejected_total"))
+    # a prompt counts when the cache holds its own row (all its tokens but the last)
+    out.update(cc.restores(model_path, PROMPTS, lambda cached, n: cached == n, out["scan_counters"]))
     print(json.dumps(out))
-''').replace("N_PROMPTS", str(N_PROMPTS))
+''')
 
 
 @pytest.fixture
@@ -110,15 +83,9 @@ def tier_roots(tmp_path):
 
 
 def check(model_path: Path, shm: Path, disk: Path) -> dict:
-    done = subprocess.run([sys.executable, "-c", CHECKER, str(model_path), str(shm), str(disk)],
-                          env=child_env(), cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, f"the checker died with {done.returncode}: {done.stderr[-3000:]}"
-    out = json.loads(done.stdout.strip().splitlines()[-1])
-    assert out["scan_counters"].get("rejected_total", 0) == 0, out  # no torn row was ever published
-    assert out["tmp_left"] == [], out
-    assert out["unreadable"] == 0, out                              # every adopted payload verifies
-    assert out["rejected_at_read"] == 0 and out["restore_failed"] == 0, out
-    assert out["not_exact"] == 0 and out["mismatched"] == 0, out    # warm == cold, token for token
+    out = run_checker(CHECKER, model_path, shm, disk)
+    assert_restart_clean(out)
+    assert out["unreadable"] == 0, out  # every adopted payload verifies
     return out
 
 
@@ -158,62 +125,22 @@ CHUNK_COMMON = COMMON + textwrap.dedent(r'''
         return wb.configure_cache(TIERS, storage="chunks", chunk_size=32)
 ''')
 
-CHUNK_WRITER = CHUNK_COMMON + textwrap.dedent(r'''
-    import random
-    seed = int(sys.argv[4])
-    print("ready", flush=True)  # a kill may land in the start-up scan or the model load too
-    configure()
-    m = wb.load_model(model_path=model_path, n_ctx=1024, n_seq_max=2, n_threads=1)
-    rng = random.Random(seed)
-    while True:
-        wb.complete(m, prompt(rng.randrange(N_PROMPTS)), response_tokens=rng.randrange(1, 6))
-''').replace("N_PROMPTS", str(N_PROMPTS))
+CHUNK_WRITER = CHUNK_COMMON + "cc.write_forever(model_path, configure, PROMPTS, seed=int(sys.argv[4]))\n"
 
 CHUNK_CHECKER = CHUNK_COMMON + textwrap.dedent(r'''
-    import os
-    from pathlib import Path
-    from workbench.cache.chunk_format import CHUNK_SUFFIX, read_chunk
-    from workbench.cache.format import CorruptRow
-    info = configure()
-    out = {"scan_counters": {k: v for k, v in info["counters"].items() if k.startswith(("rejected", "orphans"))},
-           "tmp_left": [n for r in (shm_root, disk_root) for n in os.listdir(r) if ".tmp." in n],
-           "rows": info["rows"], "chunks_by_tier": {t["name"]: t["chunks"] for t in wb.list_tiers()}}
-    bad = 0
-    for root in (shm_root, disk_root):
-        for path in Path(root).glob("*" + CHUNK_SUFFIX):
-            try:
-                read_chunk(path)      # header, key recomputed, payload checksum
-            except CorruptRow:
-                bad += 1
-    out["bad_chunk_files"] = bad
-    m = wb.load_model(model_path=model_path, n_ctx=1024, n_seq_max=2, n_threads=1)
-    checked = mismatched = not_exact = 0
-    for i in range(N_PROMPTS):
-        n = len(wb.tokenize(m, prompt(i))) - 1
-        if wb.cached_prefix_len(m, prompt(i)) < n:
-            continue  # not stored (never saved, evicted, or its save was killed)
-        warm = wb.complete(m, prompt(i), response_tokens=5)
-        cold = wb.complete(m, prompt(i), response_tokens=5, cache=False)
-        checked += 1
-        not_exact += warm.stats.cache_hit_kind != "exact"
-        mismatched += warm.tokens != cold.tokens
-    c = wb.counters()
-    out.update(checked=checked, mismatched=mismatched, not_exact=not_exact,
-               restore_failed=c.get("cache_restore_failed", 0),
-               rejected_at_read=c.get("cache_rejected_total", 0) - out["scan_counters"].get("rejected_total", 0))
+    out = cc.scan_facts(configure(), ROOTS)
+    out["chunks_by_tier"] = {t["name"]: t["chunks"] for t in wb.list_tiers()}
+    out["bad_chunk_files"] = cc.bad_chunk_files(ROOTS)
+    # a prompt counts when all its chunks are held (a finished turn is held whole: n + 1)
+    out.update(cc.restores(model_path, PROMPTS, lambda cached, n: cached >= n, out["scan_counters"]))
     print(json.dumps(out))
-''').replace("N_PROMPTS", str(N_PROMPTS))
+''')
 
 
 def check_chunks(model_path: Path, shm: Path, disk: Path) -> dict:
-    done = subprocess.run([sys.executable, "-c", CHUNK_CHECKER, str(model_path), str(shm), str(disk)],
-                          env=child_env(), cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, f"the checker died with {done.returncode}: {done.stderr[-3000:]}"
-    out = json.loads(done.stdout.strip().splitlines()[-1])
-    assert out["scan_counters"].get("rejected_total", 0) == 0, out  # no torn chunk, no manifest without chunks
-    assert out["tmp_left"] == [] and out["bad_chunk_files"] == 0, out
-    assert out["rejected_at_read"] == 0 and out["restore_failed"] == 0, out
-    assert out["not_exact"] == 0 and out["mismatched"] == 0, out    # warm == cold, token for token
+    out = run_checker(CHUNK_CHECKER, model_path, shm, disk)
+    assert_restart_clean(out)
+    assert out["bad_chunk_files"] == 0, out
     return out
 
 
