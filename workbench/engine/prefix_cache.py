@@ -174,17 +174,13 @@ class EngineCache:
         ``marks``: where shared prefixes end in ``tokens`` (chunk storage ends a chunk there)."""
         cache = self.cache
         ns = self.namespace(scope)
-        if isinstance(cache, ChunkedCache):
-            saved = save_chunks(cache, ctx, seq, tokens, ns, reason, sync=sync, live=live, counters=self.counters,
-                                marks=marks)
-            return None if saved is None else Saved(*saved)
         key = row_key(ns.digest(), tokens)
         if key in cache:
-            if reason is SaveReason.AGENT_PREFIX:
-                cache.pin(key)
-            if live:
-                cache.set_live(key)
-            return Saved(key, new=False)
+            return self._keep_stored(key, reason, live)
+        if isinstance(cache, ChunkedCache):
+            stored = save_chunks(cache, ctx, seq, tokens, ns, key, reason, sync=sync, live=live,
+                                 counters=self.counters, marks=marks)
+            return None if stored is None else Saved(stored, new=True)
         start = time.perf_counter_ns()
         payload = ctx.state_seq_get(seq)
         cache.record_ns("pack_ns", time.perf_counter_ns() - start)
@@ -192,6 +188,15 @@ class EngineCache:
             stored = cache.put(ns, tokens, payload, reason, live=live)
             return None if stored is None else Saved(stored, new=True)
         return Saved(key, new=True) if cache.put_async(ns, tokens, payload, reason, live=live) else None
+
+    def _keep_stored(self, key: str, reason: SaveReason, live: bool) -> Saved:
+        """A save of a row the cache holds (either storage) copies nothing: the row is pinned
+        when it is an agent prefix and marked live for a live session."""
+        if reason is SaveReason.AGENT_PREFIX:
+            self.cache.pin(key)
+        if live:
+            self.cache.set_live(key)
+        return Saved(key, new=False)
 
     def set_live(self, key: str | None, live: bool) -> None:
         if key is not None:

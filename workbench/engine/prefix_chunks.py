@@ -21,7 +21,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ..cache import CorruptReason, HitKind, SaveReason, row_key
+from ..cache import CorruptReason, HitKind, SaveReason
 from ..cache.chunked import ChunkedCache
 from ..cache.keys import CacheNamespace
 from ..errors import KvChunksRefused
@@ -57,19 +57,12 @@ def restore_chunks(cache: ChunkedCache, pool: Any, seq: int, prompt: list[int], 
     return hit.n_tokens, HitKind.of(hit.n_tokens, len(prompt), by_key=by_key), hit.key, hit.tier
 
 
-def save_chunks(cache: ChunkedCache, ctx: Any, seq: int, tokens: list[int], ns: CacheNamespace,
+def save_chunks(cache: ChunkedCache, ctx: Any, seq: int, tokens: list[int], ns: CacheNamespace, key: str,
                 reason: SaveReason, *, sync: bool, live: bool, counters: Any,
-                marks: Sequence[int] = ()) -> tuple[str, bool] | None:
+                marks: Sequence[int] = ()) -> str | None:
     """Save the row of ``seq`` (which holds exactly ``tokens``, its shared prefixes ending at
-    ``marks``): (its key, whether anything new was stored), or None when the save was
-    dropped, refused or failed."""
-    key = row_key(ns.digest(), tokens)
-    if key in cache:
-        if reason is SaveReason.AGENT_PREFIX:
-            cache.pin(key)
-        if live:
-            cache.set_live(key)
-        return key, False
+    ``marks``) under ``key``, a row the cache does not hold yet (``EngineCache.save`` deals
+    with a stored one): its key, or None when the save was dropped, refused or failed."""
     plan = cache.plan(ns, tokens, marks)
     start = time.perf_counter_ns()
     try:
@@ -80,6 +73,5 @@ def save_chunks(cache: ChunkedCache, ctx: Any, seq: int, tokens: list[int], ns: 
         return None
     cache.record_ns("pack_ns", time.perf_counter_ns() - start)
     if sync:
-        stored = cache.put(ns, tokens, pieces, reason, live=live, ends=plan.ends)
-        return None if stored is None else (stored, True)
-    return (key, True) if cache.put_async(ns, tokens, pieces, reason, live=live, ends=plan.ends) else None
+        return cache.put(ns, tokens, pieces, reason, live=live, ends=plan.ends)
+    return key if cache.put_async(ns, tokens, pieces, reason, live=live, ends=plan.ends) else None
