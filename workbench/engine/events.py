@@ -101,8 +101,9 @@ class TokenId:
 
 
 @dataclass(slots=True, frozen=True)
-class Done:
-    """The request ended; ``finish_reason`` says why."""
+class _Finished:
+    """What a finished request made, the same in its Done event and in the CompletionResult
+    built from it (their first fields, in this order)."""
 
     reply: str
     tokens: tuple[int, ...]
@@ -110,6 +111,12 @@ class Done:
     finish_reason: FinishReason
     stop_sequence: str | None
     stats: Stats
+
+
+@dataclass(slots=True, frozen=True)
+class Done(_Finished):
+    """The request ended; ``finish_reason`` says why."""
+
     finish_key: str | None = None
     logprobs: tuple[TokenLogprob, ...] | None = None  # one per token of ``tokens`` (logprobs=)
 
@@ -143,15 +150,9 @@ Event = Token | TokenId | Thinking | ThinkingEnd | Done | Error
 
 
 @dataclass(slots=True, frozen=True)
-class CompletionResult:
-    """What ``complete()`` returns."""
+class CompletionResult(_Finished):
+    """What ``complete()`` returns: its Done's fields, with the model and the request's ref."""
 
-    reply: str
-    tokens: tuple[int, ...]
-    context_tokens: tuple[int, ...]
-    finish_reason: FinishReason
-    stop_sequence: str | None
-    stats: Stats
     model: str
     ref: int
     finish_key: str | None = None
