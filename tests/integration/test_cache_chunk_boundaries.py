@@ -77,3 +77,27 @@ def test_cached_prefix_names_the_tier_of_the_chain_a_restore_reads(model, disk_c
     probe = wb.cached_prefix(model, prompt[:-3])                 # inside its chain, no row named
     assert probe.key is None and probe.tokens == len(prompt) - 3
     assert probe.tier == "disk"
+
+
+def test_tasks_under_a_pinned_agent_prefix_store_it_once(model, disk_chunks):
+    """An agent prefix (prefill_only with prefix_checkpoint_len) and tasks that continue it by
+    parent_key alone: the prefix's last chunk stays its own (a task's reply is not pinned with
+    it), and its positions are stored once for every task."""
+    tools = SYSTEM + "Tools: search(query), calculator(expression).\n" * 6
+    n_prefix = len(wb.tokenize(model, tools))
+    assert n_prefix % CHUNK != 0
+    warm = wb.prefill_only(model, tools, prefix_checkpoint_len=n_prefix)
+    for q in QUESTIONS:
+        task = tools + f"<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n"
+        r = wb.complete(model, task, response_tokens=6, parent_key=warm.finish_key)
+        assert r.stats.prefilled_tokens == r.stats.prompt_tokens - n_prefix
+    assert wb.wait_for_saves()
+    metas = [read_chunk(p)[0] for p in sorted(disk_chunks.glob(f"*{CHUNK_SUFFIX}"))]
+    assert n_prefix in {m.p0 + m.n_tokens for m in metas}  # a chunk ends where the prefix does
+    held = [0] * n_prefix
+    for m in metas:
+        for pos in range(m.p0, min(m.p0 + m.n_tokens, n_prefix)):
+            held[pos] += 1
+    assert held == [1] * n_prefix
+    protected = sum(c["n_tokens"] for c in wb.cache_chunks() if c["protected"])
+    assert protected == n_prefix                          # only the pinned prefix is protected

@@ -277,6 +277,12 @@ class ChunkedCache(QueuedSaves):
             self._store.pin(key)
             return old
 
+    def is_pinned(self, key: str) -> bool:
+        """Whether ``key`` is a row held and pinned (an agent prefix)."""
+        with self._lock:
+            m = self._store.rows.get(key)
+            return m is not None and m.pinned
+
     def unpin(self, key: str) -> bool:
         with self._lock:
             was = self._store.rows[key].pinned

@@ -101,6 +101,7 @@ class Admission:
         if restored is None:
             return 0
         req.hit_kind = restored.kind
+        req.shared_end = restored.shared_end
         if restored.n_tokens == len(req.prompt) - 1:
             req.prompt_key = restored.key
         return min(restored.n_tokens, len(req.prompt) - 1)

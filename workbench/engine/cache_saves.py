@@ -95,10 +95,11 @@ class SavePoints:
 
     @staticmethod
     def marks(req: Request) -> tuple[int, ...]:
-        """Where the request's shared prefixes end (its system prompt, its agent prefix): chunk
-        storage ends a chunk at each (docs/cache.md, "Chunked storage")."""
-        agent = req.opts.prefix_checkpoint_len
-        return (*req.opts.cache_boundaries, *((agent,) if agent is not None else ()))
+        """Where the request's shared prefixes end (its system prompt, its agent prefix given or
+        restored): chunk storage ends a chunk at each (docs/cache.md, "Chunked storage"), so
+        a pinned prefix's last chunk is never absorbed into one task's continuation."""
+        ends = (req.opts.prefix_checkpoint_len, req.shared_end)
+        return (*req.opts.cache_boundaries, *(e for e in ends if e is not None))
 
     def save_session(self, sess: Session, reason: SaveReason) -> bool:
         """Save an idle session's live KV as its row (synchronously); False when not saved."""

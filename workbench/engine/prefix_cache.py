@@ -57,6 +57,7 @@ class Restored:
     kind: HitKind       # exact | partial
     key: str | None     # None: a chain of chunks no row names (chunk storage)
     tier: str | None
+    shared_end: int | None = None  # chunk storage: n_tokens when the row is a pinned (agent) prefix
 
 
 @dataclass(slots=True, frozen=True)

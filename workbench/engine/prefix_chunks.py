@@ -30,9 +30,10 @@ from . import kv_chunks
 
 def restore_chunks(cache: ChunkedCache, pool: Any, seq: int, prompt: list[int], ns: CacheNamespace,
                    parent_key: str | None, max_payload: int | None,
-                   counters: Any) -> tuple[int, HitKind, str | None, str | None] | None:
+                   counters: Any) -> tuple[int, HitKind, str | None, str | None, int | None] | None:
     """Join the longest stored prefix of ``prompt`` into ``seq``: (tokens, hit kind, row key
-    or None for a chain no row names, tier), or None (nothing usable, or refused)."""
+    or None for a chain no row names, tier, where a shared prefix ends: the tokens when the
+    row is pinned, an agent prefix), or None (nothing usable, or refused)."""
     hit, by_key = cache.find_prefix(ns, prompt, parent_key)
     if hit is None:
         return None
@@ -54,7 +55,8 @@ def restore_chunks(cache: ChunkedCache, pool: Any, seq: int, prompt: list[int], 
         cache.reject_chain(hit.chunks, CorruptReason.BAD_STATE)
         counters["cache_restore_failed"] += 1
         return None
-    return hit.n_tokens, HitKind.of(hit.n_tokens, len(prompt), by_key=by_key), hit.key, hit.tier
+    shared = hit.n_tokens if hit.key is not None and cache.is_pinned(hit.key) else None
+    return hit.n_tokens, HitKind.of(hit.n_tokens, len(prompt), by_key=by_key), hit.key, hit.tier, shared
 
 
 def save_chunks(cache: ChunkedCache, ctx: Any, seq: int, tokens: list[int], ns: CacheNamespace, key: str,

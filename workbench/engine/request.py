@@ -60,6 +60,7 @@ class Request:
     continues: bool = False          # continue_session: the prompt extends the session's KV
     hit_kind: HitKind = HitKind.COLD
     boundaries: list[tuple[int, Any]] = field(default_factory=list)  # (position, SaveReason) ahead
+    shared_end: int | None = None    # restored from a pinned (agent) prefix of this many tokens
     stored_upto: int = 0             # tokens of the longest row this request stored anew
     prompt_key: str | None = None    # row of exactly the prompt, when cached
     finish_key: str | None = None
