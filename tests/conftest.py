@@ -42,6 +42,17 @@ def fresh_model(model_path: Path, request):
         wb.unload(mid)
 
 
+@pytest.fixture(autouse=True)
+def own_cache():
+    """Each test starts from an empty cache of the default tiers: a test passing on rows an
+    earlier test stored would hide what it claims to check (run alone, it would fail)."""
+    import workbench as wb
+
+    wb.wait_for_saves(30.0)
+    wb.configure_cache([{"kind": "ram"}])
+    yield
+
+
 def require_tools() -> bool:
     return os.environ.get("WORKBENCH_REQUIRE_TOOLS") == "1"
 
