@@ -172,9 +172,7 @@ class ChunkedCache(QueuedSaves):
         hit kind as the row cache does."""
         start = time.perf_counter_ns()
         raw = keys.token_bytes(tokens)
-        with self._lock:
-            m = self._served(self._store.lookup(keys.digest_of(namespace), raw))
-            hit = None if m is None else ChunkHit(m.key, m.n_tokens, m.chunks, tier_of(self._store, m.chunks))
+        hit = self.probe(namespace, raw)
         self._count_kind(0 if hit is None else hit.n_tokens, len(raw) // 4)
         self._counters.inc("lookup_ns", time.perf_counter_ns() - start)
         return hit
