@@ -93,6 +93,7 @@ def test_ngram_drafts_are_accepted_on_a_reply_that_repeats_the_prompt(spec_model
         assert sum(n * c for n, c in s["draft_lengths"].items()) == s["drafted"] and s["steps"] > 0
         assert s["accepted_by_position"][0] >= s["accepted_by_position"][-1]
         assert sum(s["accepted_by_position"]) == s["accepted"]
+        assert s["acceptance"] == s["accepted"] / s["drafted"]      # exactly: the rate over verified drafts
         assert s["verify_s"] > 0 and s["draft_s"] >= 0
         # the reply copies the code: most of what was generated came from accepted drafts
         assert CODE.split("\n")[0] in r.reply
@@ -123,7 +124,10 @@ def test_accepted_draft_tokens_are_marked_in_the_stream(spec_model):
     assert isinstance(done, wb.Done) and [e.id for e in ids] == [e.id for e in plain] == list(done.tokens)
     assert not any(e.draft for e in plain) and wb.TokenId(5) == wb.TokenId(5, False)
     marked = sum(e.draft for e in ids)
-    assert 0 < marked == done.stats.speculative["accepted"] < len(ids)
+    s = done.stats.speculative
+    assert 0 < marked == s["accepted"] < len(ids)
+    # the acceptance from the stream's own counts: tokens marked accepted over draft tokens verified
+    assert s["acceptance"] == marked / sum(n * c for n, c in s["draft_lengths"].items())
 
 
 def test_stop_sequences_and_response_tokens_cut_an_accepted_run_as_plain_decoding_does(spec_model):

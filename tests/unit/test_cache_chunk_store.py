@@ -178,6 +178,23 @@ def test_budget_evicts_to_make_room_never_the_row_being_written(tmp_path):
     assert put(store, list(range(10_000, 10_000 + 200))) is None  # larger than the budget
 
 
+def test_a_put_whose_chunks_went_since_missing_stores_nothing_and_raises_nothing(tmp_path):
+    """``missing()`` then ``put_row`` without the lock (as every caller does): chunks evicted
+    in between make the put a miss (``saves_chunks_gone``), checked under the lock, not a
+    ValueError."""
+    store = ChunkStore(tmp_path / "d", chunk_size=CS)
+    put(store, list(range(8)))
+    tokens = list(range(8)) + [1, 2]
+    late = payloads(tokens, store.missing(NS, tokens))    # cut from chunk 2 on ...
+    store.evict_bytes(10**9)                                # ... then everything goes
+    assert store.put_row(NS, FP, tokens, late) is None
+    assert store.counters.get("saves_chunks_gone") == 1 and not store.rows and not store.chunks
+    assert list(store.root.iterdir()) == []                 # nothing of the row was written
+    with pytest.raises(ValueError, match="payloads"):       # more payloads than chunks: the caller's bug
+        store.put_row(NS, FP, tokens, payloads(tokens) + [b"x"])
+    assert put(store, tokens) == keys.row_key(NS, tokens)  # cut again from missing(): stored
+
+
 WRITER = textwrap.dedent(
     """
     import random, sys

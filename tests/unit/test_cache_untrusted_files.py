@@ -1,6 +1,7 @@
-"""Files in a tier directory that a writer of ours never produced: a FIFO or a symlink under
-a row's name, a sparse file whose valid header claims a 40 GiB payload, a corrupt payload
-behind a valid header. None may block, flood memory or be served; start-up stays fast."""
+"""Files in a tier directory that a writer of ours never produced: a FIFO, a symlink or a
+directory under a row's or a chunk's name, a sparse file whose valid header claims a 40 GiB
+payload, a corrupt payload behind a valid header. None may block, flood memory or be served;
+start-up stays fast; each is counted once, not at every start-up."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ import pytest
 import xxhash
 
 from workbench.cache import format as fmt
-from workbench.cache import store
+from workbench.cache import keys, store
+from workbench.cache.chunk_format import CHUNK_SUFFIX, MANIFEST_SUFFIX
+from workbench.cache.chunk_store import ChunkStore
 from workbench.cache.format import HEADER_SIZE, RowMeta, encode_row
 from workbench.cache.keys import CacheNamespace, row_key, token_bytes
 from workbench.cache.tiered import TieredCache
@@ -159,3 +162,88 @@ def test_start_up_reads_no_payload_and_a_corrupt_one_is_never_served(tmp_path: P
     counters = cache.counters()
     assert counters["rejected_payload_checksum"] == 1 and not bad.exists()
     assert cache.get(rows[8].key) == bytes([200 % 251]) * (256 << 10)
+
+
+# --- a directory under a cache file's name ----------------------------------------------------
+
+CS = 4
+
+
+def scan_rejected(storage: str, root: Path) -> dict[str, int]:
+    """A fresh cache's start-up scan of `root`: what it rejected, by reason."""
+    if storage == "rows":
+        return dict(TieredCache([DiskTier("disk", root, None)]).scan()["disk"].rejected)
+    return ChunkStore(root, chunk_size=CS).scan()
+
+
+def cache_names(storage: str) -> list[str]:
+    """Names a scan of `storage` reads: a row file, or a chunk and a manifest."""
+    key = meta_for([1, 2, 3]).key
+    if storage == "rows":
+        return [store.row_path(Path("."), key).name]
+    return [keys.chunk_keys(NS.digest(), [1, 2, 3], CS)[0].hex() + CHUNK_SUFFIX, key + MANIFEST_SUFFIX]
+
+
+@pytest.mark.parametrize("storage", ["rows", "chunks"])
+@pytest.mark.parametrize("content", ["empty", "files"])
+def test_a_directory_under_a_cache_name_is_removed_by_the_scan_and_counted_once(
+        tmp_path: Path, storage: str, content: str) -> None:
+    root = tmp_path / "tier"
+    root.mkdir(mode=0o700)
+    outside = tmp_path / "outside.txt"
+    outside.write_bytes(b"not the cache's")
+    names = cache_names(storage)
+    for name in names:
+        (root / name).mkdir()
+        if content == "files":
+            (root / name / "data").write_bytes(b"x" * 10)
+            os.mkfifo(root / name / "fifo")
+            os.symlink(outside, root / name / "link")
+    assert scan_rejected(storage, root) == {"not_regular": len(names)}
+    assert os.listdir(root) == []
+    assert outside.read_bytes() == b"not the cache's"  # a link inside is removed, never followed
+    assert scan_rejected(storage, root) == {}  # it was counted once, not at every start-up
+
+
+@pytest.mark.parametrize("storage", ["rows", "chunks"])
+def test_a_directory_holding_directories_is_set_aside_not_deleted(tmp_path: Path, storage: str) -> None:
+    root = tmp_path / "tier"
+    root.mkdir(mode=0o700)
+    name = cache_names(storage)[0]
+    (root / name / "sub").mkdir(parents=True)
+    (root / name / "sub" / "keep").write_bytes(b"someone's")
+    assert scan_rejected(storage, root) == {"not_regular": 1}
+    [aside] = os.listdir(root)
+    assert aside.startswith(name + store.REJECTED_MARK)
+    assert (root / aside / "sub" / "keep").read_bytes() == b"someone's"  # no tree the cache did not make is deleted
+    assert scan_rejected(storage, root) == {}
+
+
+def test_a_directory_swapped_in_for_an_adopted_row_is_rejected_and_removed_at_read(tmp_path: Path) -> None:
+    cache = TieredCache([DiskTier("disk", tmp_path, None)])
+    key = cache.put(NS, [1, 2, 3], b"kv" * 100)
+    assert key is not None
+    path = store.row_path(tmp_path, key)
+    path.unlink()
+    path.mkdir()
+    (path / "data").write_bytes(b"x")
+    assert cache.get(key) is None and key not in cache
+    assert cache.counters()["rejected_not_regular"] == 1 and not path.exists()
+    assert scan_rejected("rows", tmp_path) == {}
+
+
+def test_a_directory_swapped_in_for_an_adopted_chunk_is_rejected_and_removed_at_read(tmp_path: Path) -> None:
+    chunks = ChunkStore(tmp_path, chunk_size=CS)
+    tokens = list(range(10))
+    ks = keys.chunk_keys(NS.digest(), tokens, CS)
+    row = chunks.put_row(NS.digest(), NS.fingerprint_bytes, tokens, [k * 10 for k in ks])
+    assert row is not None
+    path = tmp_path / (ks[1].hex() + CHUNK_SUFFIX)
+    path.unlink()
+    path.mkdir()
+    (path / "data").write_bytes(b"x")
+    with pytest.raises(fmt.CorruptRow, match="not_regular"):
+        chunks.read_row(row)
+    assert row not in chunks and not path.exists()
+    assert chunks.counters.get("rejected_not_regular") == 1
+    assert scan_rejected("chunks", tmp_path) == {}

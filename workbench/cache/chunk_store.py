@@ -168,9 +168,11 @@ class ChunkStore(ChunkCatalog):
         """Store a row; ``pieces``: the payloads of its chunks from ``plan().first`` on, cut
         at ``ends`` (the plan's; default: ``plan()`` now, with no marks). Chunks stored
         already are not written again. Returns the row key, None when the row cannot fit the
-        budgets or its chunks before the cut went meanwhile (``saves_chunks_gone``).
-        ValueError when ``pieces`` start after the first chunk not stored, or ``ends`` are
-        not a row's chunk ends; OSError when a write fails (nothing of the row is kept)."""
+        budgets or chunks before ``pieces`` are not stored (evicted since ``missing()`` or
+        ``plan()``: ``saves_chunks_gone``; checked under the lock, so calling ``missing()``
+        then ``put_row`` unlocked is safe). ValueError when there are more ``pieces`` than
+        chunks, or ``ends`` are not a row's chunk ends; OSError when a write fails (nothing
+        of the row is kept)."""
         raw = keys.token_bytes(tokens)
         with self.lock:
             key = keys.row_key_from_bytes(namespace, raw)

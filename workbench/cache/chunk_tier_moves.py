@@ -10,12 +10,17 @@ the copy committed, or, when the chunk went meanwhile, the new copy is deleted. 
 chunk is in ``moving`` from its eviction to the commit (no tier holds it then; it is read
 from its old tier, whose file stays until the new copy is committed). Chunks an operation
 needs (a put's earlier chunks, a chain being read) are ``held``: never chosen for eviction.
+A write that finds its tier's file system full (ENOSPC) lowers that tier's limit to what it
+holds, evicts there and is tried once more (``write_or_make_room``; docs/cache.md, "A full
+disk").
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import errno
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING
 
 from workbench.cache import keys
@@ -163,7 +168,8 @@ class TierMoves:
                 if payload is None:
                     assert mv.src is not None
                     payload = mv.src.backend.read_chunk(mv.meta.key, None)
-                mv.dst.backend.write_chunk(mv.meta, payload)
+                self.write_or_make_room(mv.dst, mv.size, frozenset([mv.info.key]),
+                                        partial(mv.dst.backend.write_chunk, mv.meta, payload))
             except (OSError, CorruptRow, ChunkGone) as exc:
                 error = exc
             with self.store.lock:
@@ -200,8 +206,9 @@ class TierMoves:
     def plan_put(self, namespace: bytes, fingerprint: bytes, raw: bytes, pieces: Sequence[bytes],
                  reason: SaveReason, pinned: bool, ends: tuple[int, ...]) -> PutPlan | None:
         """Under the lock: the chunks (ending at ``ends``) to write and where, room made and
-        reserved, the row's stored chunks held. None (``saves_too_large``) when the row
-        cannot fit."""
+        reserved, the row's stored chunks held. None when the row cannot fit
+        (``saves_too_large``) or chunks before ``pieces`` are not stored (``saves_chunks_gone``:
+        evicted since the caller's ``missing()`` or ``plan()``, checked here under the lock)."""
         store = self.store
         now = store.clock()
         if not check_ends(ends, len(raw) // 4, store.chunk_size):
@@ -213,8 +220,11 @@ class TierMoves:
         stored = next((i for i, m in enumerate(metas) if m.key not in store.chunks), len(metas))
         covered = stored < len(metas) and store.resolve(manifest) is not None
         missing = len(metas) if covered else stored
-        if first < 0 or first > missing:
-            raise ValueError(f"{len(pieces)} chunk payloads for a row whose stored chunks end before chunk {first}")
+        if first < 0:
+            raise ValueError(f"{len(pieces)} chunk payloads for a row of {len(metas)} chunks")
+        if first > missing:  # stored when the caller cut its pieces (``missing()``), evicted since
+            store.counters.inc("saves_chunks_gone")
+            return None
         last = store.tiers[-1]
         reserved = {last: manifest_size(len(raw) // 4, len(metas))}
         new: list[tuple[ChunkMeta, bytes, ChunkTier, int]] = []
@@ -222,8 +232,7 @@ class TierMoves:
             if m.key in store.chunks or covered:
                 continue
             size = chunk_file_size(m.n_tokens, len(p))
-            tier = next((t for t in store.entry_tiers() if t.budget is None or reserved.get(t, 0) + size <= t.budget),
-                        None)
+            tier = next((t for t in store.entry_tiers() if t.fits(reserved.get(t, 0) + size)), None)
             if tier is None:
                 store.counters.inc("saves_too_large")
                 return None
@@ -250,9 +259,7 @@ class TierMoves:
         error: OSError | None = None
         if plan.ok:
             try:
-                for m, p, tier, _ in plan.new:
-                    tier.backend.write_chunk(m, p)
-                self.store.tiers[-1].backend.write_manifest(plan.manifest)
+                self._write_files(plan)
             except OSError as exc:
                 error = exc
         with self.store.lock:
@@ -273,6 +280,41 @@ class TierMoves:
         if error is not None:
             raise error
         return key
+
+    def _write_files(self, plan: PutPlan) -> None:
+        """A put's new chunks, then its manifest (lock NOT held); a write that finds its
+        tier's file system full makes room there and is tried once more (``write_or_make_room``)."""
+        last = self.store.tiers[-1]
+        writes: list[tuple[ChunkTier, int, Callable[[], object]]] = [
+            (tier, size, partial(tier.backend.write_chunk, m, p)) for m, p, tier, size in plan.new]
+        m = plan.manifest
+        writes.append((last, manifest_size(m.n_tokens, len(m.chunks)), partial(last.backend.write_manifest, m)))
+        for i, (tier, _, write) in enumerate(writes):
+            unwritten = sum(size for t, size, _ in writes[i:] if t is tier)
+            self.write_or_make_room(tier, unwritten, plan.keep, write)
+
+    def write_or_make_room(self, tier: ChunkTier, unwritten: int, keep: frozenset[bytes],
+                           write: Callable[[], object]) -> None:
+        """Run ``write`` into ``tier`` (lock NOT held). When its file system is full (ENOSPC:
+        a disk smaller than the tier's budget), the tier's limit is lowered to what it holds
+        besides the ``unwritten`` bytes reserved for this write and the ones after it
+        (``ChunkTier.file_system_full``: later puts evict before they write), chunks are
+        evicted from it by its policy until they fit (not those in ``keep``), the demotions
+        that takes are run, and the write is tried once more."""
+        try:
+            write()
+            return
+        except OSError as exc:
+            with self.store.lock:
+                if exc.errno != errno.ENOSPC or tier not in self.store.tiers:  # not full, or removed meanwhile
+                    raise
+                self.store.counters.inc(f"full_{tier.name}")
+                tier.file_system_full(unwritten)
+                moves: list[Move] = []
+                while tier.overflow() > 0 and self.evict_one(tier, keep, moves):
+                    pass
+        self.run(moves)  # a demoted chunk's old file goes once its new copy is written below
+        write()
 
     def _commit_put(self, plan: PutPlan) -> str | None:
         store = self.store

@@ -41,6 +41,7 @@ class ChunkTier:
         self.sizes: dict[bytes, int] = {}
         self.used = 0
         self.reserved = 0
+        self.full_at: int | None = None   # bytes it held when its file system was full
         (self._admit, self._insert, self._hit, self._evict, self._remove,
          self._victim) = bind_hooks(policy, budget)
 
@@ -64,13 +65,30 @@ class ChunkTier:
     def __contains__(self, key: object) -> bool:
         return key in self.sizes
 
+    @property
+    def limit(self) -> int | None:
+        """The bytes it may hold: its budget, lowered to ``full_at`` once a write found its
+        file system full (a disk smaller than the budget)."""
+        if self.full_at is None:
+            return self.budget
+        return self.full_at if self.budget is None else min(self.budget, self.full_at)
+
     def fits(self, size: int) -> bool:
         """Could a chunk of ``size`` bytes ever live here (ignoring what is stored now)?"""
-        return self.budget is None or size <= self.budget
+        limit = self.limit
+        return limit is None or size <= limit
 
     def overflow(self, extra: int = 0) -> int:
         """Bytes to free so that ``extra`` more fit (<= 0: nothing to free)."""
-        return 0 if self.budget is None else self.used + self.reserved + extra - self.budget
+        limit = self.limit
+        return 0 if limit is None else self.used + self.reserved + extra - limit
+
+    def file_system_full(self, unwritten: int) -> None:
+        """A write here failed with ENOSPC while ``unwritten`` of the reserved bytes were not
+        on disk: what the tier holds besides them is what fits, its limit from now on (never
+        raised again in this process; ``remove_tier`` and ``add_tier`` make a new tier)."""
+        fit = max(0, self.used + self.reserved - unwritten)
+        self.full_at = fit if self.full_at is None else min(self.full_at, fit)
 
     def admit(self, stats: RowStats) -> None:
         """A chunk is about to enter (before room is made for it, as `Level.admit`)."""
@@ -128,7 +146,8 @@ class ChunkTier:
         """The keys of ``TieredCache.list_tiers`` (rows are the store's to count)."""
         root = self.backend.root if isinstance(self.backend, ChunkDir) else None
         return {"name": self.name, "kind": self.kind, "policy": self.policy.name, "budget_bytes": self.budget,
-                "used_bytes": self.used, "reserved_bytes": self.reserved, "chunks": len(self.sizes),
+                "used_bytes": self.used, "reserved_bytes": self.reserved, "full_at_bytes": self.full_at,
+                "chunks": len(self.sizes),
                 "persistent": self.persistent, "root": None if root is None else str(root)}
 
 

@@ -29,6 +29,7 @@ class Level:
         self.sizes: dict[str, int] = {}
         self.used = 0
         self.reserved = 0
+        self.full_at: int | None = None   # bytes it held when its file system was full
         (self._admit, self._insert, self._hit, self._evict, self._remove,
          self._victim) = bind_hooks(policy, tier.budget_bytes)
 
@@ -40,18 +41,34 @@ class Level:
     def budget(self) -> int | None:
         return self.tier.budget_bytes
 
+    @property
+    def limit(self) -> int | None:
+        """The bytes it may hold: its budget, lowered to `full_at` once a write found its
+        file system full (a disk smaller than the budget)."""
+        if self.full_at is None:
+            return self.budget
+        return self.full_at if self.budget is None else min(self.budget, self.full_at)
+
     def __contains__(self, key: object) -> bool:
         return key in self.sizes
 
     def fits(self, size: int) -> bool:
         """Could a row of `size` bytes ever live here (ignoring what is stored now)?"""
-        return self.budget is None or size <= self.budget
+        return self.limit is None or size <= self.limit
 
     def overflow(self, extra: int = 0) -> int:
         """Bytes to free so that `extra` more fit (<= 0: nothing to free)."""
-        if self.budget is None:
+        limit = self.limit
+        if limit is None:
             return 0
-        return self.used + self.reserved + extra - self.budget
+        return self.used + self.reserved + extra - limit
+
+    def file_system_full(self, unwritten: int) -> None:
+        """A write here failed with ENOSPC while `unwritten` of the reserved bytes were not
+        on disk: what the tier holds besides them is what fits, its limit from now on (it
+        is never raised again in this process)."""
+        fit = max(0, self.used + self.reserved - unwritten)
+        self.full_at = fit if self.full_at is None else min(self.full_at, fit)
 
     def admit(self, row: RowStats) -> None:
         self._admit(row)
@@ -130,4 +147,5 @@ class Level:
             "rows": len(self.sizes),
             "used_bytes": self.used,
             "reserved_bytes": self.reserved,
+            "full_at_bytes": self.full_at,
         }

@@ -6,7 +6,8 @@ takes three steps so payload I/O never runs under the cache lock:
   1. under the lock: pick the first tier from `job.start` that can hold the row, make room
      there (the evicted rows become demotion jobs, or are dropped from the last tier) and
      reserve the bytes;
-  2. unlocked: read the payload from its source and write it into the tier;
+  2. unlocked: read the payload from its source and write it into the tier (a full file
+     system, ENOSPC, lowers the tier's limit, evicts there and writes once more: `_write`);
   3. under the lock: release the reservation and commit the row to the tier's accounting.
 
 Demotion jobs are then placed the same way, so a cascade down the tiers is a queue of jobs,
@@ -16,6 +17,7 @@ forgotten while it is briefly held by no tier.
 
 from __future__ import annotations
 
+import errno
 import threading
 import time
 from collections import deque
@@ -159,7 +161,7 @@ class TierStack:
             level, size = plan
         try:
             start = time.perf_counter_ns()
-            stored = level.tier.write(job.meta, job.source.read())
+            stored = self._write(level, job.meta, job.source.read(), size)
             self._counters.inc("store_ns", time.perf_counter_ns() - start)
         except (OSError, CorruptRow) as exc:
             with self._lock:
@@ -178,6 +180,23 @@ class TierStack:
             level.reserved -= size
             self._settle(job)
             return self._commit(job, level, stored)
+
+    def _write(self, level: Level, meta: RowMeta, payload: bytes, size: int) -> int:
+        """Write a row into `level` (lock NOT held). When its file system is full (ENOSPC: a
+        disk smaller than the tier's budget), the tier's limit is lowered to what it holds
+        (`Level.file_system_full`, so later puts evict before they write), rows are evicted
+        from it by its policy until the row fits that limit, and the write is tried once more."""
+        try:
+            return level.tier.write(meta, payload)
+        except OSError as exc:
+            with self._lock:
+                if exc.errno != errno.ENOSPC or level not in self.levels:  # not full, or removed meanwhile
+                    raise
+                self._counters.inc(f"full_{level.name}")
+                level.file_system_full(size)
+                jobs = self.evict_from(level, level.overflow())
+        self.run(jobs)  # a demotion frees the full tier's bytes once its row is written below
+        return level.tier.write(meta, payload)
 
     def _settle(self, job: Job) -> None:
         """A promotion or demotion is over, stored or not."""

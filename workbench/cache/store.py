@@ -15,8 +15,9 @@ and someone else's directory there must never be trusted.
 
 Scan: adopt every `<key>.kv` that verifies (a regular file, magic, version, sizes against
 the file and against `max_payload`, header checksum, key, optionally the model fingerprint,
-and the payload checksum when `verify_payload`); delete and count the rest by reason;
-delete tmp orphans (writer pid gone, or older than `tmp_ttl_s`); leave other files alone.
+and the payload checksum when `verify_payload`); delete and count the rest by reason (a
+directory under a row's name too, once: `remove_planted_dir`); delete tmp orphans (writer
+pid gone, or older than `tmp_ttl_s`); leave other files alone.
 Without `verify_payload` a scan reads 160 bytes plus the tokens of each row, whatever its
 payload size, and the payload is verified when the row is first read.
 """
@@ -165,10 +166,15 @@ def detach_row(root: Path, key: str) -> Path | None:
 
 
 def remove_row(root: Path, key: str) -> bool:
+    path = row_path(root, key)
     try:
-        os.unlink(row_path(root, key))
+        os.unlink(path)
     except FileNotFoundError:
         return False
+    except OSError as exc:
+        if exc.errno not in _UNLINK_DIR_ERRNOS:
+            raise
+        remove_planted_dir(path)
     return True
 
 
@@ -265,7 +271,39 @@ def is_orphan(entry: os.DirEntry[str], now: float, ttl: float) -> bool:
 
 
 def unlink_quietly(path: str | Path) -> None:
+    """Delete the entry under a cache file's name in a tier directory, whatever it is: a
+    file, a FIFO, a symlink (never its target) or a planted directory (`remove_planted_dir`);
+    nothing when it is gone already or cannot be deleted."""
     try:
         os.unlink(path)
+    except OSError as exc:
+        if exc.errno in _UNLINK_DIR_ERRNOS:
+            remove_planted_dir(path)
+
+
+# unlink(2) of a directory: EISDIR on Linux, EPERM where POSIX's answer is kept
+_UNLINK_DIR_ERRNOS = (errno.EISDIR, errno.EPERM)
+REJECTED_MARK = ".rejected-"
+
+
+def remove_planted_dir(path: str | Path) -> None:
+    """A directory under a cache file's name (`<key>.kvc`, `<key>.kv`, ...) in a tier
+    directory. The cache never makes one, so it never deletes a tree it did not make: the
+    directory goes when it is empty or holds no directory (its entries unlinked, symlinks
+    not followed, then rmdir); one holding directories is renamed to
+    `<name>.rejected-<random>`, a name no scan reads. Either way a scan meets it once
+    (one `rejected_not_regular`), not at every start-up. Errors leave it as it is."""
+    path = Path(path)
+    try:
+        if not stat.S_ISDIR(os.lstat(path).st_mode):
+            return
+        with os.scandir(path) as it:
+            entries = list(it)
+        if any(e.is_dir(follow_symlinks=False) for e in entries):
+            os.rename(path, path.with_name(f"{path.name}{REJECTED_MARK}{secrets.token_hex(4)}"))
+            return
+        for e in entries:
+            os.unlink(e.path)
+        os.rmdir(path)
     except OSError:
-        pass  # gone already, or a directory planted under a row's name: never adopted anyway
+        pass  # a permission, or a race with its maker: counted again at the next scan
