@@ -28,6 +28,12 @@ Guarantees:
   ``continue_session(stream=True)``), not its iteration: a timing middleware measures the
   submission, and ``next`` returns the stream. Streams the chain made but did not return
   (a middleware that called ``next`` twice) are closed.
+- Misuse is an InvalidOption, raised to the caller, never a TypeError from inside the
+  chain: a middleware that cannot be called as ``fn(name, arguments, next)`` is refused
+  when it is given (``add``, ``middleware=``); a ``next`` called with anything but one dict
+  (``next()``, ``next(None)``, ``next(model=...)``), or with a dict that does not call the
+  function (its model or prompt missing, a name it does not take), is refused naming the
+  middleware that called it (key ``'arguments'``), before the call runs.
 - Calls made while the chain runs on this thread (by a middleware, or by a call inside
   another one) are not wrapped again.
 - With no middleware registered and none given, a call costs one tuple check.
@@ -81,7 +87,7 @@ def add(fn: Middleware) -> Middleware:
     """Register ``fn`` for every facade call (last added runs innermost); returns it, so it
     also works as a decorator. Adding a registered function again changes nothing."""
     global _chain
-    _check(fn, "fn")
+    _check(fn, "fn", "middleware")
     with _lock:
         if fn not in _chain:
             _chain = (*_chain, fn)
@@ -107,9 +113,21 @@ def registered() -> list[Middleware]:
     return list(_chain)
 
 
-def _check(fn: Any, key: str) -> Middleware:
+def _check(fn: Any, key: str, where: str) -> Middleware:
+    """``fn`` if the chain can call it as ``fn(name, arguments, next)``; refused now, when
+    it is given, rather than as a TypeError from inside the call it was meant to wrap."""
+    expected = "a callable fn(name, arguments, next)"
     if not callable(fn):
-        raise InvalidOption(key, fn, "a callable fn(name, arguments, next)", "middleware")
+        raise InvalidOption(key, fn, expected, where)
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):  # no signature to read (some builtins): taken on trust
+        return fn
+    try:
+        sig.bind("call", {}, None)
+    except TypeError as e:
+        raise InvalidOption(key, fn, f"{expected} taking those three positional arguments; "
+                            f"{_name_of(fn)}{_params(sig)} does not ({e})", where) from None
     return fn
 
 
@@ -118,7 +136,18 @@ def _per_call(value: Any) -> tuple[Middleware, ...]:
         return ()
     if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
         raise InvalidOption("middleware", value, "a list of callables fn(name, arguments, next)")
-    return tuple(_check(fn, "middleware") for fn in value)
+    return tuple(_check(fn, "middleware", "option") for fn in value)
+
+
+def _name_of(fn: Any) -> str:
+    return str(getattr(fn, "__name__", None) or type(fn).__name__)
+
+
+def _params(sig: inspect.Signature) -> str:
+    """A signature's parameters by name: ``(model, text, add_special=..., **opts)``."""
+    stars = {"VAR_POSITIONAL": "*", "VAR_KEYWORD": "**"}
+    return "(" + ", ".join(stars.get(p.kind.name, "") + p.name + ("=..." if p.default is not p.empty else "")
+                           for p in sig.parameters.values()) + ")"
 
 
 # --- wrapping the facade ----------------------------------------------------------------------
@@ -157,12 +186,12 @@ def _run(name: str, func: Callable[..., Any], sig: inspect.Signature, fns: tuple
          arguments: dict[str, Any]) -> Any:
     made: list[Any] = []
 
-    def step(i: int) -> Next:
-        def next_(args: Mapping[str, Any]) -> Any:
-            if not isinstance(args, Mapping):
-                raise InvalidOption("arguments", args, f"a dict of {name}()'s arguments", "middleware next()")
+    def step(i: int) -> Next:  # the next given to fns[i - 1]
+        def next_(*given: Any, **named: Any) -> Any:
+            args = _next_arguments(name, sig, fns[i - 1], given, named)
             if i == len(fns):
                 pos, kw = _unflatten(sig, args)
+                _check_fits(name, sig, fns[i - 1], args, pos, kw)
                 out = func(*pos, **kw)
                 made.append(out)
                 return out
@@ -171,7 +200,7 @@ def _run(name: str, func: Callable[..., Any], sig: inspect.Signature, fns: tuple
 
     _local.depth += 1
     try:
-        out = step(0)(arguments)
+        out = fns[0](name, dict(arguments), step(1))
     except BaseException:
         _close_streams(made, keep=None)
         raise
@@ -179,6 +208,28 @@ def _run(name: str, func: Callable[..., Any], sig: inspect.Signature, fns: tuple
         _local.depth -= 1
     _close_streams(made, keep=out)
     return out
+
+
+def _next_arguments(name: str, sig: inspect.Signature, caller: Middleware, given: tuple[Any, ...],
+                    named: dict[str, Any]) -> Mapping[str, Any]:
+    """The one dict ``next`` takes, or InvalidOption naming the middleware that called it
+    some other way (``next()``, ``next(model=...)``, ``next(None)``)."""
+    if len(given) == 1 and not named and isinstance(given[0], Mapping):
+        return given[0]
+    value: Any = given[0] if len(given) == 1 and not named else {"args": given, "kwargs": named}
+    raise InvalidOption("arguments", value, f"one dict of {name}{_params(sig)}'s arguments: next(arguments), "
+                        f"called from middleware {_name_of(caller)!r}", "middleware next()")
+
+
+def _check_fits(name: str, sig: inspect.Signature, caller: Middleware, args: Mapping[str, Any], pos: list[Any],
+                kw: dict[str, Any]) -> None:
+    """The arguments a middleware passed to ``next`` call the function (none missing, none
+    it does not take), checked before the call so its own TypeError is not the answer."""
+    try:
+        sig.bind(*pos, **kw)
+    except TypeError as e:
+        raise InvalidOption("arguments", dict(args), f"the arguments of {name}{_params(sig)} "
+                            f"({e}), from middleware {_name_of(caller)!r}", "middleware next()") from None
 
 
 def _close_streams(made: list[Any], keep: Any) -> None:
@@ -215,7 +266,7 @@ def _unflatten(sig: inspect.Signature, args: Mapping[str, Any]) -> tuple[list[An
             pos.append(value)
         else:
             kw[p.name] = value
-    kw.update(rest)  # the **kwargs parameter's (or, without one, the function's own TypeError)
+    kw.update(rest)  # the **kwargs parameter's (without one, _check_fits refuses them)
     return pos, kw
 
 

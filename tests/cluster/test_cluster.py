@@ -90,6 +90,45 @@ def test_start_checks_its_options_before_starting_anything(tmp_path):
         wc.start(replicas=2, model=str(tmp_path / "missing.gguf"))
 
 
+@pytest.mark.parametrize("bad, says", [
+    ("localhost", "an IP address"), (127001, "an IP address"), ("10.0.0.300", "an IP address"),
+])
+def test_start_checks_node_ip_address_before_starting_anything(bad, says):
+    import workbench.cluster as wc
+
+    with pytest.raises(InvalidOption) as e:
+        wc.start(replicas=2, node_ip_address=bad)
+    assert e.value.key == "node_ip_address" and e.value.value == bad and says in str(e.value)
+    with pytest.raises(InvalidOption) as e:  # a running Ray has its own addresses
+        wc.start(replicas=2, address="auto", node_ip_address="127.0.0.1")
+    assert e.value.key == "node_ip_address" and "address=" in str(e.value)
+
+
+def test_the_local_ray_advertises_loopback_only(cluster):
+    """start's local Ray (this directory's fixture starts the cluster with no address=)
+    is on 127.0.0.1, not the machine's network address: its node and its GCS advertise
+    it, and every TCP port its processes (GCS, raylet, workers, replicas) listen on is
+    on loopback."""
+    import ipaddress
+
+    import psutil
+
+    nodes = [n for n in ray.nodes() if n["Alive"]]
+    assert nodes and {n["NodeManagerAddress"] for n in nodes} == {"127.0.0.1"}
+    assert ray.get_runtime_context().gcs_address.startswith("127.0.0.1:")
+    listening = set()
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            name, conns = proc.name(), proc.net_connections(kind="tcp")
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        listening |= {(name, c.laddr.ip) for c in conns if c.status == psutil.CONN_LISTEN}
+    assert any(name == "gcs_server" for name, _ in listening) and any(name == "raylet" for name, _ in listening)
+    beyond = {(name, ip) for name, ip in listening
+              if not (getattr(ipaddress.ip_address(ip), "ipv4_mapped", None) or ipaddress.ip_address(ip)).is_loopback}
+    assert not beyond
+
+
 @contextmanager
 def private_caches(cluster):
     """cache_sync 'manual': a replica sees only its own rows of the shared tier until
@@ -351,6 +390,22 @@ def test_a_user_router_naming_no_replica_is_an_invalid_option(cluster, scope):
     assert cluster.complete("Hi", response_tokens=2, cache_scope=scope).finish_reason in ("length", "stop")
 
 
+@pytest.mark.parametrize("bad", [0.0, 1.0, True, [0], "0"])
+def test_a_user_router_returning_no_int_index_is_an_invalid_option_naming_it(cluster, scope, bad):
+    def picks(request, replicas):
+        return bad
+
+    cluster.set_router(picks)
+    try:
+        with pytest.raises(InvalidOption) as e:  # not a TypeError from indexing the replicas
+            cluster.complete("Hi", response_tokens=2, cache_scope=scope)
+    finally:
+        cluster.set_router("cache_affinity")
+    assert e.value.key == "router" and e.value.value == "picks"
+    assert f"replica={bad!r}" in str(e.value) and "int index" in str(e.value) and type(bad).__name__ in str(e.value)
+    assert all(m.in_flight == 0 for m in cluster.members)
+
+
 def test_async_for_and_poll_over_a_cluster_stream(cluster, scope):
     import asyncio
 
@@ -400,6 +455,37 @@ def test_a_replica_killed_mid_stream_ends_the_stream_with_an_error_naming_it(clu
     assert list(cluster.routing.log)[-1]["reason"].startswith(f"session lost with {victim}; ")
     assert again.stats.cache_hit_kind != "cold"  # its first turn's row, from the shared tier
     assert cluster.continue_session("doomed", [7, 8], response_tokens=2, cache_scope=scope).model == again.model
+
+
+def asked(actor) -> dict:
+    """A replica's hello asked by the test itself (not through its member), {} while it restarts."""
+    try:
+        return ray.get(actor.hello.remote(), timeout=30)
+    except ray.exceptions.RayError:
+        return {}
+
+
+def test_a_retry_asks_a_replica_marked_down_that_has_since_restarted(cluster, scope):
+    """The retry's replica was marked down and Ray restarted it, but nobody pinged it
+    since: the retry asks (and waits on the ping) before concluding that none is up."""
+    wait_all_up(cluster)
+    back, doomed = cluster.members
+    cluster.set_router(lambda req, reps: max(reps, key=lambda r: r.name == doomed.name).index)  # doomed if up
+    try:
+        old = back.incarnation
+        ray.kill(back.actor, no_restart=False)
+        assert wait_for(lambda: asked(back.actor).get("incarnation") not in (None, old), timeout=120, interval=0.5)
+        assert back.state == "up" and back.incarnation == old  # restarted; the cluster has not looked
+        s = cluster.stream(prefix(8, 1500), response_tokens=4, cache_scope=scope)  # seconds of prefill
+        assert s.replica == doomed.name
+        back.mark_down("a call failed while it restarted")  # what the driver saw; no ping since
+        ray.kill(doomed.actor, no_restart=False)
+        result = s.result()
+    finally:
+        cluster.set_router("cache_affinity")
+    assert s.retried_from == doomed.name and s.replica == back.name
+    assert result.finish_reason == "length" and len(result.tokens) == 4 and result.model == back.name
+    assert back.state == "up" and back.restarts >= 1
 
 
 def test_a_request_with_no_token_yet_is_retried_once_on_another_replica(cluster, scope):

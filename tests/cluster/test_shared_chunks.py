@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from waiting import wait_for
+from .conftest import wait_all_up
 
 pytestmark = [pytest.mark.model, pytest.mark.timeout(300)]
 
@@ -25,6 +26,7 @@ def tokens(seed: int, n: int) -> list[int]:
 
 @pytest.fixture(scope="module")
 def root(cluster, tmp_path_factory: pytest.TempPathFactory):
+    wait_all_up(cluster)  # test_cluster.py ends on a killed replica whose restart it does not await
     shared = tmp_path_factory.mktemp("cluster-chunks")
     tiers = [{"kind": "disk", "root": str(shared)}]
     before = [cluster.call_replica(m, "configure_cache", (tiers,), {"storage": "chunks", "chunk_size": 64})

@@ -216,3 +216,92 @@ def test_calls_on_other_threads_run_their_own_chain(model):
     wb.tokenize(model, "Hi")
     t.join()
     assert sorted(views.calls()["call"]) == ["complete", "tokenize"]
+
+
+def takes_two(arguments, next):
+    return next(arguments)
+
+
+def takes_four(name, arguments, next, extra):
+    return next(arguments)
+
+
+def next_by_keyword(name, arguments, *, next):
+    return next(arguments)
+
+
+@pytest.mark.parametrize("bad", [takes_two, takes_four, next_by_keyword])
+def test_a_middleware_with_the_wrong_signature_is_refused_when_given(model, bad):
+    """Not a TypeError from inside the call it wraps: an InvalidOption naming the option,
+    the function and the signature expected; the call never runs."""
+    before = wb.counters()["decode_calls"]
+    with pytest.raises(InvalidOption) as e:
+        wb.complete(model, "Hello", response_tokens=2, middleware=[bad])
+    assert e.value.key == "middleware" and e.value.value is bad
+    assert "fn(name, arguments, next)" in str(e.value) and bad.__name__ in str(e.value)
+    assert wb.counters()["decode_calls"] == before
+    with pytest.raises(InvalidOption) as e:
+        wb.middleware.add(bad)
+    assert e.value.key == "fn" and e.value.value is bad and "fn(name, arguments, next)" in str(e.value)
+    assert wb.middleware.registered() == []
+
+
+def drop_prompt(name, arguments, next):
+    arguments.pop("prompt", None)
+    return next(arguments)
+
+
+def drop_model(name, arguments, next):
+    arguments.pop("model", None)
+    return next(arguments)
+
+
+def empty_dict(name, arguments, next):
+    return next({})
+
+
+def no_arguments(name, arguments, next):
+    return next()
+
+
+def by_keywords(name, arguments, next):
+    return next(**arguments)
+
+
+@pytest.mark.parametrize("bad, says", [
+    (drop_prompt, "missing a required argument: 'prompt'"), (drop_model, "missing a required argument: 'model'"),
+    (empty_dict, "missing a required argument: 'model'"), (no_arguments, "next(arguments)"),
+    (by_keywords, "next(arguments)"),
+])
+def test_next_without_the_model_or_the_prompt_is_refused_naming_the_middleware(model, bad, says):
+    before = wb.counters()["decode_calls"]
+    with pytest.raises(InvalidOption) as e:
+        wb.complete(model, "Hello", response_tokens=2, middleware=[bad])
+    assert e.value.key == "arguments" and says in str(e.value)
+    assert repr(bad.__name__) in str(e.value) and "complete(model, prompt, **opts)" in str(e.value)
+    assert wb.counters()["decode_calls"] == before
+    wb.middleware.add(bad)                                         # registered: the same answer
+    with pytest.raises(InvalidOption) as e:
+        wb.complete(model, "Hello", response_tokens=2)
+    assert e.value.key == "arguments" and says in str(e.value)
+
+
+def test_next_with_a_name_the_call_does_not_take_is_refused(model):
+    def add_note(name, arguments, next):
+        return next(dict(arguments, note="hi"))
+
+    with pytest.raises(InvalidOption) as e:
+        wb.tokenize(model, "Hi", middleware=[add_note])
+    assert e.value.key == "arguments" and e.value.value == {"model": model, "text": "Hi", "note": "hi"}
+    assert "unexpected keyword argument 'note'" in str(e.value) and "'add_note'" in str(e.value)
+
+
+def test_a_type_error_a_middleware_raises_itself_still_reaches_the_caller_as_itself(model):
+    err = TypeError("the logger's own bug")
+
+    def buggy(name, arguments, next):
+        raise err
+
+    with pytest.raises(TypeError) as e:
+        wb.model_info(model, middleware=[buggy])
+    assert e.value is err

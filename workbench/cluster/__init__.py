@@ -27,7 +27,7 @@ _current: Cluster | None = None
 
 def start(replicas: int = 2, model: str | None = None, router: Any = "cache_affinity", *,
           router_options: dict[str, Any] | None = None, threads: int = 1, max_restarts: int = 1,
-          address: str | None = None, num_cpus: int | None = None,
+          address: str | None = None, num_cpus: int | None = None, node_ip_address: str | None = None,
           cache_tiers: Sequence[Mapping[str, Any]] | None = None, cache_sync: str = "auto",
           ready_timeout_s: float = 180.0, **load: Any) -> Cluster:
     """Start ``replicas`` actors, each loading ``model`` (default: the default model) with
@@ -35,7 +35,10 @@ def start(replicas: int = 2, model: str | None = None, router: Any = "cache_affi
     (a name in ROUTERS with ``router_options``, a router object, or a function).
 
     Without ``address`` and with no Ray running, a local Ray is started with ``num_cpus``
-    (default replicas x threads) and stopped by :meth:`Cluster.shutdown`. ``cache_tiers``
+    (default replicas x threads) on ``node_ip_address`` (default '127.0.0.1': its node
+    advertises loopback and its services are not offered to the network; give this
+    machine's network address to let other machines join it) and stopped by
+    :meth:`Cluster.shutdown`. ``cache_tiers``
     (as configure_cache takes them) give every replica the same tiers: a shm or disk root
     they share is a shared tier: with ``cache_sync='auto'`` a replica adopts the rows the
     others published there before each lookup; ``'manual'``: only at Cluster.sync_cache.
@@ -46,10 +49,11 @@ def start(replicas: int = 2, model: str | None = None, router: Any = "cache_affi
     """
     from . import launch
 
-    launch.check_options(replicas, threads, max_restarts, num_cpus, address, ready_timeout_s, cache_tiers, cache_sync)
+    launch.check_options(replicas, threads, max_restarts, num_cpus, address, ready_timeout_s, cache_tiers, cache_sync,
+                         node_ip_address)
     chosen = make_router(router, router_options)
     opts = launch.load_options(model, threads, load, local=address is None)
-    started = launch.init_ray(address, num_cpus or replicas * threads)
+    started = launch.init_ray(address, num_cpus or replicas * threads, node_ip_address)
     try:
         members = launch.start_members(replicas, threads, max_restarts, opts, cache_tiers, ready_timeout_s, cache_sync)
     except BaseException:

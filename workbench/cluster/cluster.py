@@ -279,7 +279,7 @@ class Cluster:
 
     # --- plumbing -----------------------------------------------------------------------------
     def _least_loaded(self) -> Member:
-        ups = self.routing.up()
+        ups = self.routing.available()
         if not ups:
             raise ReplicaDown("", "no replica is up (every one is down or restarting)")
         return min(ups, key=lambda m: (m.in_flight, m.index))

@@ -10,8 +10,10 @@ ReplicaDown naming it.
 
 from __future__ import annotations
 
+import contextlib
+import ipaddress
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import ray
@@ -28,6 +30,9 @@ WHERE = "cluster option"
 # A local Ray's raylet exits when its agent has not registered within this; Ray's 30 s
 # default was too short here on a loaded 2-core machine (load 12+: start failed)
 AGENT_REGISTER_TIMEOUT_MS = 120_000
+# the address a local Ray's node advertises and its services listen on, unless the caller
+# names another: loopback, so nothing beyond this machine reaches them
+LOCAL_NODE_IP = "127.0.0.1"
 
 
 class _ReplicaActor(Replica):
@@ -51,7 +56,8 @@ class _ReplicaActor(Replica):
 
 
 def check_options(replicas: Any, threads: Any, max_restarts: Any, num_cpus: Any, address: Any,
-                  ready_timeout_s: Any, cache_tiers: Any, cache_sync: Any = "auto") -> None:
+                  ready_timeout_s: Any, cache_tiers: Any, cache_sync: Any = "auto",
+                  node_ip_address: Any = None) -> None:
     check_int("replicas", replicas, 1, 64, where=WHERE)
     check_int("threads", threads, 1, 512, where=WHERE)
     check_int("max_restarts", max_restarts, -1, 1000, where=WHERE)
@@ -66,6 +72,23 @@ def check_options(replicas: Any, threads: Any, max_restarts: Any, num_cpus: Any,
         raise InvalidOption("cache_tiers", cache_tiers, "a non-empty list of tier dicts (as configure_cache takes)",
                             WHERE)
     one_of(*CACHE_SYNCS)("cache_sync", cache_sync, WHERE)
+    check_node_ip_address(node_ip_address, address)
+
+
+def check_node_ip_address(value: Any, address: Any) -> None:
+    if value is None:
+        return
+    if address is not None:
+        raise InvalidOption("node_ip_address", value, "None when address= is given (a running Ray keeps its own "
+                            "addresses; node_ip_address is for the local Ray start starts)", WHERE)
+    try:
+        if not isinstance(value, str):
+            raise ValueError(value)
+        ipaddress.ip_address(value)
+    except ValueError:
+        raise InvalidOption("node_ip_address", value, f"an IP address of this machine as a string: "
+                            f"{LOCAL_NODE_IP!r} (the default, this machine only) or its network address",
+                            WHERE) from None
 
 
 def load_options(model: Any, threads: int, load: Mapping[str, Any], local: bool) -> dict[str, Any]:
@@ -84,8 +107,10 @@ def load_options(model: Any, threads: int, load: Mapping[str, Any], local: bool)
     return opts
 
 
-def init_ray(address: str | None, num_cpus: int) -> bool:
-    """Connect to Ray, or start a local one; True when it was started here."""
+def init_ray(address: str | None, num_cpus: int, node_ip_address: str | None = None) -> bool:
+    """Connect to Ray, or start a local one on ``node_ip_address`` (default loopback:
+    its node advertises 127.0.0.1 and its services are not offered to the network);
+    True when it was started here."""
     if ray.is_initialized():
         return False
     # Ray's own start-up lines (and warnings about its settings) stay out of the caller's
@@ -93,9 +118,37 @@ def init_ray(address: str | None, num_cpus: int) -> bool:
     if address is not None:
         ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR)
         return False
-    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
-             logging_level=logging.ERROR, _system_config={"agent_register_timeout_ms": AGENT_REGISTER_TIMEOUT_MS})
+    node_ip = node_ip_address or LOCAL_NODE_IP
+    with _loopback_allowed(node_ip):
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
+                 logging_level=logging.ERROR, _node_ip_address=node_ip,
+                 _system_config={"agent_register_timeout_ms": AGENT_REGISTER_TIMEOUT_MS})
+    got = ray.util.get_node_ip_address()
+    if got != node_ip:  # never served on an address the caller did not ask for
+        ray.shutdown()
+        raise InvalidOption("node_ip_address", node_ip, f"an address Ray {ray.__version__} starts its node "
+                            f"on ({node_ip!r} asked, {got!r} given: that Ray was stopped)", WHERE)
     return True
+
+
+@contextlib.contextmanager
+def _loopback_allowed(node_ip: str) -> Iterator[None]:
+    """On Linux Ray replaces a loopback node address by the machine's network address
+    (``services.resolve_ip_for_localhost``) unless clusters are off, its mode on macOS and
+    Windows (``ray_constants.ENABLE_RAY_CLUSTER``, read from RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER
+    when ray is imported, too early to set here): off while ``ray.init`` runs. Its
+    processes then advertise and listen on loopback only."""
+    from ray._private import ray_constants
+
+    if not ipaddress.ip_address(node_ip).is_loopback or not hasattr(ray_constants, "ENABLE_RAY_CLUSTER"):
+        yield
+        return
+    before = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = before
 
 
 def start_members(replicas: int, threads: int, max_restarts: int, load: dict[str, Any],

@@ -22,7 +22,7 @@ from typing import Any
 import ray
 
 from ..errors import InvalidOption, NoSession, ReplicaDown, SessionLost
-from .members import ACTOR_GONE, Member
+from .members import ACTOR_GONE, Member, wait_for_up
 from .routers import Decision, ReplicaFacts, RouteRequest, router_name
 
 PROBE_TIMEOUT_S = 10.0
@@ -44,8 +44,16 @@ class Routing:
         return next(self._refs)
 
     def up(self, exclude: Iterable[int] = ()) -> list[Member]:
+        """The replicas that are up now (a down one's ping is looked at, not waited on)."""
         skip = set(exclude)
         return [m for m in self.members if m.refresh() == "up" and m.index not in skip]
+
+    def available(self, exclude: Iterable[int] = ()) -> list[Member]:
+        """The replicas that are up; when a look finds none, the down ones are pinged and
+        waited on (members.PING_TIMEOUT_S) before concluding none is: after a restart the
+        replica is back long before anyone asks it (a retry's first look would miss it)."""
+        skip = set(exclude)
+        return self.up(skip) or wait_for_up(m for m in self.members if m.index not in skip)
 
     # --- the decision ---------------------------------------------------------------------
     def route(self, request: RouteRequest, kind: str, ref: int, session: SessionKey | None = None,
@@ -61,7 +69,7 @@ class Routing:
             lost = owner
             if lost is not None and continuing:
                 raise SessionLost(session[0], lost)
-        ups = self.up(exclude)
+        ups = self.available(exclude)
         if not ups:
             raise ReplicaDown("", "no replica is up (every one is down or restarting)")
         probed = self._probe(ups, request) if getattr(self.router, "probe", False) else None
@@ -88,9 +96,14 @@ class Routing:
     def _choose(self, request: RouteRequest, facts: list[ReplicaFacts]) -> Decision:
         decision = self.router.choose(request, facts)
         ok = {f.index for f in facts}
-        if not isinstance(decision, Decision) or decision.replica not in ok:
+        replica = getattr(decision, "replica", None)
+        # an int index only: 0.0 and True compare equal to an index (0.0 in {0, 1}) and a
+        # list is unhashable, so the membership test alone lets them through to members[...]
+        if (not isinstance(decision, Decision) or isinstance(replica, bool) or not isinstance(replica, int)
+                or replica not in ok):
             raise InvalidOption("router", router_name(self.router),
-                                f"a Decision naming a replica that is up (one of {sorted(ok)}), not {decision!r}")
+                                f"a Decision naming a replica that is up by its int index (one of {sorted(ok)}), "
+                                f"not {decision!r} (replica {replica!r}: {type(replica).__name__})")
         return decision
 
     @staticmethod
