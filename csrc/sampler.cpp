@@ -84,7 +84,8 @@ public:
         if (grammar_s != nullptr) llama_sampler_chain_add(chain_, grammar_s);
         grammar_ = grammar_s;
         if (!logit_bias.empty()) {
-            llama_sampler_chain_add(chain_, llama_sampler_init_logit_bias(n_vocab, (int32_t)logit_bias.size(), logit_bias.data()));
+            bias_ = llama_sampler_init_logit_bias(n_vocab, (int32_t)logit_bias.size(), logit_bias.data());
+            llama_sampler_chain_add(chain_, bias_);
         }
         // the penalty window: -1 (or more) = the model's trained context; llama.cpp allocates
         // the window up front, so nothing larger reaches it
@@ -117,6 +118,7 @@ public:
             chain_ = nullptr;
             budget_ = nullptr;
             grammar_ = nullptr;
+            bias_ = nullptr;
         }
     }
 
@@ -133,22 +135,19 @@ public:
         if (logits == nullptr) throw py::value_error("sample: no logits at output row " + std::to_string(idx));
         llama_token t = LLAMA_TOKEN_NULL;
         bool threw = false;
-        std::string what;
+        std::string what, refused;
         {
             py::gil_scoped_release release;
             try {
                 t = sample_row(logits);
+                if (t == LLAMA_TOKEN_NULL) refused = dead_end(logits);
             } catch (const std::exception & e) {
                 threw = true;
                 what = e.what();
             }
         }
         if (threw) throw NativeError(std::string("sampling failed: ") + what);
-        if (t == LLAMA_TOKEN_NULL) {
-            throw py::value_error("no token can continue the text so far (every candidate was ruled out: a grammar "
-                                  "no token can satisfy, one that only allows an end-of-generation token under "
-                                  "ignore_eos, or a logit_bias that bans every token the grammar allows)");
-        }
+        if (t == LLAMA_TOKEN_NULL) throw py::value_error(refused);
         ++n_sampled_;
         return t;
     }
@@ -192,13 +191,7 @@ private:
     // one, and the grammar then aborts the process accepting it. Returns LLAMA_TOKEN_NULL
     // instead, accepting nothing.
     llama_token sample_row(const float * logits) {
-        const int n_vocab = llama_vocab_n_tokens(model->vocab());
-        cur_.resize(n_vocab);
-        for (llama_token t = 0; t < n_vocab; ++t) cur_[t] = llama_token_data{t, logits[t], 0.0f};
-        if (ban_eog()) {
-            for (llama_token t : eog_) cur_[t].logit = -INFINITY;
-        }
-        llama_token_data_array arr{cur_.data(), cur_.size(), -1, false};
+        llama_token_data_array arr = candidates(logits);
         const int n = llama_sampler_chain_n(chain_);
         for (int i = 0; i < n; ++i) {
             if (i == n_shaping_ && n_logprobs_ >= 0) tap(arr);
@@ -214,6 +207,52 @@ private:
     }
 
     bool ban_eog() const { return ignore_eos_ || n_sampled_ < min_tokens_; }
+
+    // Every token with its logit (end-of-generation tokens banned while ban_eog()), in cur_.
+    llama_token_data_array candidates(const float * logits) {
+        const int n_vocab = llama_vocab_n_tokens(model->vocab());
+        cur_.resize(n_vocab);
+        for (llama_token t = 0; t < n_vocab; ++t) cur_[t] = llama_token_data{t, logits[t], 0.0f};
+        if (ban_eog()) {
+            for (llama_token t : eog_) cur_[t].logit = -INFINITY;
+        }
+        return llama_token_data_array{cur_.data(), cur_.size(), -1, false};
+    }
+
+    // Why sample_row found no token, as "<part>: <why>": the part of the request that ruled
+    // the last candidates out (the engine names the option from it). The shaping is run again
+    // over the same logits without logit_bias: tokens left then were banned by the bias;
+    // none left, the grammar allowed none.
+    std::string dead_end(const float * logits) {
+        const std::string none = "no token can continue the text so far";
+        const std::string eog = ban_eog() ? " (ignore_eos / min_tokens ban the end-of-generation tokens)" : "";
+        bool not_finite = false;
+        shaped_left(logits, nullptr, not_finite);
+        if (not_finite) return "sampler: the shaped logits are not finite (inf or nan), so no token can be picked";
+        if (bias_ != nullptr && shaped_left(logits, bias_, not_finite) > 0) {
+            return "logit_bias: " + none + ": logit_bias bans every token" +
+                   (grammar_ != nullptr ? " the grammar allows here" : "") + eog;
+        }
+        if (grammar_ != nullptr) return "grammar: " + none + ": the grammar allows no token here" + eog;
+        return "sampler: " + none + ": every candidate was ruled out" + eog;
+    }
+
+    // Candidates with a finite logit after the shaping samplers but `skip` (not_finite: some
+    // logit is +inf or nan). Shaping only filters or shifts logits; nothing is accepted.
+    size_t shaped_left(const float * logits, const llama_sampler * skip, bool & not_finite) {
+        llama_token_data_array arr = candidates(logits);
+        for (int i = 0; i < n_shaping_; ++i) {
+            llama_sampler * s = llama_sampler_chain_get(chain_, i);
+            if (s != skip) llama_sampler_apply(s, &arr);
+        }
+        size_t left = 0;
+        for (size_t i = 0; i < arr.size; ++i) {
+            const float l = arr.data[i].logit;
+            if (std::isnan(l) || l == INFINITY) not_finite = true;
+            left += std::isfinite(l) ? 1 : 0;
+        }
+        return left;
+    }
 
     // The shaped logits (by id), their log-normaliser and the top alternatives: the
     // log-softmax the logprobs are read from.
@@ -321,6 +360,7 @@ private:
     llama_sampler * chain_ = nullptr;
     llama_sampler * budget_ = nullptr;  // owned by chain_
     llama_sampler * grammar_ = nullptr;  // owned by chain_
+    llama_sampler * bias_ = nullptr;     // owned by chain_
     bool has_budget_ = false;
     bool fast_greedy_ = false;
     bool ignore_eos_ = false;

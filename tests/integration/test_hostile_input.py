@@ -46,6 +46,13 @@ CHILD = textwrap.dedent(r'''
     # these begin, then leave no token mid-way: the request ends with an Error event
     attempt("nul_pattern", schema({"type": "string", "pattern": "^\\x00$"}))
     attempt("nul_after_a", grammar('root ::= "a" "\\x00"'))
+    # patterns no string matches (a class no character is in): llama.cpp's converter made the
+    # first "any string" (it does not take \s in a class) and the second a dead end after '"'
+    attempt("nothing_class_pattern", schema({"type": "string", "pattern": "^[^\\s\\S]$"}))
+    attempt("empty_class_pattern", schema({"type": "string", "pattern": "^[]$"}))
+    attempt("nested_nothing_pattern", schema({"type": "object", "properties": {
+        "code": {"type": "string", "pattern": "^(?:[^\\d\\D]{2}|[])$"}}}))
+    attempt("optional_nothing_pattern", schema({"type": "string", "pattern": "^a[^\\w\\W]?$"}))
     # a finished grammar under ignore_eos: the request stops, as when the model stops
     attempt("done_ignore_eos", grammar('root ::= "a"', ignore_eos=True))
     # min > max
@@ -109,6 +116,19 @@ def test_a_grammar_that_leaves_no_token_ends_the_request(outcome, case, key):
     kind, got_key, message = outcome[case]
     assert (kind, got_key) == ("InvalidOption", key)
     assert "no token can continue" in message
+
+
+@pytest.mark.parametrize("case,cls", [("nothing_class_pattern", r"'[^\\s\\S]'"), ("empty_class_pattern", "'[]'"),
+                                      ("nested_nothing_pattern", r"'[^\\d\\D]'")])
+def test_a_pattern_no_string_matches_is_refused(outcome, case, cls):
+    """Issue 24: ^[^\\s\\S]$ was accepted and the reply broke the pattern."""
+    kind, key, message = outcome[case]
+    assert (kind, key) == ("InvalidOption", "json_schema")
+    assert "can match no string" in message and f"class {cls}" in message
+
+
+def test_a_pattern_whose_empty_class_may_be_absent_passes(outcome):
+    assert outcome["optional_nothing_pattern"][0] == "ok"
 
 
 def test_a_grammar_llama_cpp_fails_to_match_ends_only_its_request(outcome):

@@ -12,8 +12,9 @@ import pytest
 import workbench as wb
 from workbench import _native
 from workbench.engine.events import Token, TokenId
-from workbench.errors import InvalidOption, UnknownOption
-from workbench.options import LoadConfig, build
+from workbench.engine.grammars import sampler_refused
+from workbench.errors import InvalidOption, SamplingFailed, UnknownOption
+from workbench.options import LoadConfig, RequestOptions, build
 
 pytestmark = pytest.mark.model
 
@@ -159,6 +160,51 @@ def test_a_penalty_varies_the_reply_and_a_negative_one_makes_it_loop(model, opti
     assert distinct(model, **{option: 1.0}) > plain > distinct(model, **{option: -2.0})
 
 
+@pytest.mark.parametrize("call", ["complete", "chat", "chat_stream"])
+def test_a_repetition_penalty_of_zero_is_refused_naming_it(model, call):
+    """0 passed validation and llama.cpp divided a seen token's positive logit by it: 2 of
+    these 3 requests then failed as InvalidOption('logit_bias'), an option never given
+    (issue 24)."""
+    for text in (PROMPT, "Write a poem about the sea.", "List the days of the week:"):
+        messages = [{"role": "user", "content": text}]
+        with pytest.raises(InvalidOption) as e:
+            if call == "complete":
+                wb.complete(model, text, response_tokens=16, repetition_penalty=0)
+            elif call == "chat":
+                wb.chat(model, messages, response_tokens=16, repetition_penalty=0)
+            else:
+                wb.chat_stream(model, messages, response_tokens=16, repetition_penalty=0).result()
+        assert (e.value.key, e.value.value) == ("repetition_penalty", 0)
+        assert "in [0.01, 100.0]" in str(e.value)
+
+
+def test_repetition_penalty_at_its_bounds_works(model):
+    """The range's ends are usable and already total: 0.01 makes the reply loop, 100 makes
+    it repeat no token."""
+    assert distinct(model, repetition_penalty=0.01) <= 3
+    r = wb.complete(model, POEM, response_tokens=64, repetition_penalty=100.0)
+    assert len(r.tokens) > 16 and len(set(r.tokens)) == len(r.tokens)
+
+
+def test_a_sampler_that_leaves_no_finite_logit_names_no_option(fresh):
+    """Past validation (the native Sampler given a penalty of 0 directly), the argmax token
+    seen once gets an infinite logit. The sampler says so, and the engine's error names no
+    option the request lacks: SamplingFailed, not InvalidOption('logit_bias')."""
+    prompt = fresh.model.tokenize(PROMPT, True, True)
+    fresh.decode(prompt)
+    row = len(prompt) - 1
+    (top, logit), = _native.top_logits(fresh.ctx, row, 1)
+    assert logit > 0
+    sampler = _native.Sampler(fresh.model, {"repetition_penalty": 0.0})
+    sampler.accept(top)
+    with pytest.raises(ValueError) as e:
+        sampler.sample(fresh.ctx, row)
+    assert str(e.value).startswith("sampler: the shaped logits are not finite")
+    assert isinstance(sampler_refused(build(RequestOptions, {}), e.value), SamplingFailed)
+    err = sampler_refused(build(RequestOptions, {"logit_bias": {" Paris": -1.0}}), e.value)
+    assert isinstance(err, SamplingFailed)     # a bias given, but not the cause
+
+
 # --- logit_bias -------------------------------------------------------------------------------
 
 def test_a_banned_token_never_appears(model):
@@ -184,6 +230,31 @@ def test_a_bias_that_bans_every_token_ends_only_its_request(model):
         wb.complete(model, PROMPT, response_tokens=4, logit_bias=every)
     assert "no token can continue" in str(e.value)
     assert wb.complete(model, PROMPT, response_tokens=4).finish_reason == "length"
+
+
+@pytest.mark.parametrize("constraint, words", [
+    ({"grammar": 'root ::= "yes" | "no"'}, ("yes", "no")),
+    ({"json_schema": {"type": "boolean"}}, ("true", "false")),
+])
+def test_a_bias_that_bans_what_the_grammar_allows_is_named(model, fresh, constraint, words):
+    """Every token the grammar allows first is banned: the bias is the cause, not the grammar
+    (it was named as InvalidOption('grammar'): issue 24)."""
+    pieces = {t: fresh.model.token_to_piece(t, False).decode("utf-8", "replace") for t in range(fresh.model.n_vocab)}
+    bias = {t: float("-inf") for t, p in pieces.items() if p and any(w.startswith(p) for w in words)}
+    with pytest.raises(InvalidOption) as e:
+        wb.complete(model, PROMPT, response_tokens=4, logit_bias=bias, **constraint)
+    assert e.value.key == "logit_bias"
+    assert "the grammar some token it allows" in str(e.value)
+    assert "logit_bias bans every token the grammar allows" in str(e.value)
+    some = dict(list(bias.items())[:1])       # a bias that leaves the grammar a token: a reply
+    assert wb.complete(model, PROMPT, response_tokens=4, logit_bias=some, **constraint).reply.strip() in words
+
+
+def test_a_grammar_dead_end_is_not_blamed_on_a_bias_beside_it(model):
+    with pytest.raises(InvalidOption) as e:
+        wb.complete(model, PROMPT, response_tokens=4, grammar='root ::= "a" "\\x00"',
+                    logit_bias={" Paris": float("-inf")})
+    assert e.value.key == "grammar" and "the grammar allows no token here" in str(e.value)
 
 
 @pytest.mark.parametrize("bias, word", [

@@ -117,6 +117,21 @@ def test_the_int_and_float_sweeps_cover_the_options():
     assert {"temperature", "top_p", "repetition_penalty"} <= {k for _, k in _fields("float")}
 
 
+@pytest.mark.parametrize("value", [0, 0.0, 0.009, 1e-300, 100.5, 1e39])
+def test_repetition_penalty_is_refused_outside_its_range(value):
+    """0 passed and reached llama.cpp, which divided logits by it: the infinite logit then
+    failed the request as InvalidOption('logit_bias'), an option never given (issue 24)."""
+    with pytest.raises(InvalidOption) as e:
+        build(RequestOptions, {"repetition_penalty": value})
+    assert (e.value.key, e.value.value) == ("repetition_penalty", value)
+    assert "in [0.01, 100.0]" in str(e.value) and "1.0 = off" in str(e.value)
+
+
+@pytest.mark.parametrize("value", [0.01, 0.5, 1, 1.3, 100])
+def test_repetition_penalty_in_range_is_kept(value):
+    assert build(RequestOptions, {"repetition_penalty": value}).repetition_penalty == value
+
+
 def test_reasoning_budget_tokens_are_bounded():
     with pytest.raises(InvalidOption, match="reasoning_budget"):
         build(RequestOptions, {"reasoning_budget": {"tokens": 2**31, "end": "</think>"}})

@@ -18,6 +18,7 @@ from typing import Any
 from .. import _native
 from ..cache import HitKind
 from .cache_saves import SavePoints
+from .grammars import sampler_refused
 from .prefix_cache import EngineCache
 from .request import Request
 from .request_setup import sampler_params
@@ -71,7 +72,7 @@ class Admission:
         try:
             req.sampler = _native.Sampler(self._model, sampler_params(req))
         except ValueError as e:
-            self._table.fail(req, e)
+            self._table.fail(req, sampler_refused(req.opts, e))
             return
         use_cache = self._kvcache is not None and req.opts.cache
         reuse = self._reuse(req, use_cache)

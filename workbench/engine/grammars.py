@@ -15,6 +15,8 @@ from typing import Any
 
 from .. import _native
 from ..errors import InvalidOption, SamplingFailed, WorkbenchError
+from ..options import RequestOptions
+from .schema_patterns import unsatisfiable_pattern
 
 
 class GrammarCache:
@@ -70,6 +72,11 @@ class GrammarCache:
             hit = self._schemas.get(schema_json)
         if hit is not None:
             return hit
+        nothing = unsatisfiable_pattern(schema_json)
+        if nothing is not None:
+            pattern, cls = nothing
+            raise InvalidOption("json_schema", schema_json, f"a satisfiable schema (the pattern {pattern!r} can match "
+                                f"no string: no character is in its class {cls!r})")
         try:
             gbnf = _native.json_schema_to_grammar(schema_json)
         except ValueError as e:
@@ -95,12 +102,24 @@ def sampling_failed(grammar: str | None, json_schema: str | None, err: Exception
     return SamplingFailed(f"llama.cpp's sampler failed: {err}")
 
 
-def grammar_dead_end(grammar: str | None, json_schema: str | None, err: Exception) -> InvalidOption:
-    """The error a request ends with when its grammar (or, without one, its logit_bias)
-    leaves no token to sample mid-way (the native sampler refuses rather than let llama.cpp
-    abort accepting a ruled-out token)."""
-    if json_schema is not None:
-        return InvalidOption("json_schema", json_schema, f"a schema some continuation can satisfy: {err}")
-    if grammar is None:
-        return InvalidOption("logit_bias", "...", f"a bias that leaves some token possible: {err}")
-    return InvalidOption("grammar", grammar, f"a grammar some continuation can satisfy: {err}")
+def sampler_refused(opts: RequestOptions, err: ValueError) -> WorkbenchError:
+    """The error a request ends with when its native sampler refuses it: when it is made
+    (a parameter) or mid-way (no token can continue: csrc/sampler.cpp finds which part
+    ruled the last ones out). The native message starts with that part ("logit_bias: ...",
+    "grammar: ..."); the error names it only as an option the caller gave (a grammar as
+    json_schema when one came from a schema), else SamplingFailed: never an option the
+    request does not have."""
+    part, _, why = str(err).partition(": ")
+    if part == "grammar" and opts.json_schema is not None:
+        return InvalidOption("json_schema", opts.json_schema, f"a schema some continuation can satisfy ({why})")
+    if part == "grammar" and opts.grammar is not None:
+        return InvalidOption("grammar", opts.grammar, f"a grammar some continuation can satisfy ({why})")
+    if part == "logit_bias" and opts.logit_bias:
+        constrained = opts.grammar is not None or opts.json_schema is not None
+        shown = opts.logit_bias if len(opts.logit_bias) <= 8 else f"{len(opts.logit_bias)} entries"
+        return InvalidOption("logit_bias", shown, "a bias that leaves " + (
+            "the grammar some token it allows" if constrained else "some token possible") + f" ({why})")
+    value = getattr(opts, part, None) if part in RequestOptions.__dataclass_fields__ else None
+    if value is not None:
+        return InvalidOption(part, value, f"a value llama.cpp's sampler accepts ({why})")
+    return SamplingFailed(f"llama.cpp's sampler refused the request: {err}")

@@ -17,7 +17,7 @@ from typing import Any
 from .. import _native
 from .batch import DecodeBatch
 from .cache_saves import SavePoints
-from .grammars import grammar_dead_end, sampling_failed
+from .grammars import sampler_refused, sampling_failed
 from .logprobs import next_logprob, record_sample
 from .request import Request
 from .request_table import RequestTable
@@ -77,8 +77,8 @@ class BatchResults:
             token = int(req.sampler.sample(self._pool.ctx, row))
             record_sample(req)
             return token
-        except ValueError as e:  # the grammar left no token to sample (csrc/sampler.cpp)
-            self._table.fail(req, grammar_dead_end(req.opts.grammar, req.opts.json_schema, e))
+        except ValueError as e:  # no token is left to sample (csrc/sampler.cpp says what ruled them out)
+            self._table.fail(req, sampler_refused(req.opts, e))
         except _native.NativeError as e:  # llama.cpp threw inside the chain: this request ends
             self._table.fail(req, sampling_failed(req.opts.grammar, req.opts.json_schema, e))
         return None

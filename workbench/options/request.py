@@ -95,6 +95,17 @@ def _logit_bias(key: str, v: Any, where: str) -> Any:
     return out
 
 
+REPETITION_PENALTY_RANGE = (0.01, 100.0)
+
+
+def _repetition_penalty(key: str, v: Any, where: str) -> Any:
+    """A number in [0.01, 100]. llama.cpp divides a seen token's positive logit by it and
+    multiplies a negative one: 0 divides by zero (an infinite logit), and a bound far from 0
+    keeps float32 logits finite; past either bound the effect is already total."""
+    lo, hi = REPETITION_PENALTY_RANGE
+    return check_number(key, v, lo, hi, where=where, what="a penalty (1.0 = off)")
+
+
 _RULE_NAME = re.compile(r"[A-Za-z0-9-]+")
 
 
@@ -152,7 +163,7 @@ class RequestOptions:
     top_k: int = opt(40, as_int(0), "0 = off")
     top_p: float = opt(1.0, as_float(0.0, 1.0))
     min_p: float = opt(0.0, as_float(0.0, 1.0))
-    repetition_penalty: float = opt(1.0, as_float(0.0))
+    repetition_penalty: float = opt(1.0, _repetition_penalty, "1.0 = off; > 1 discourages repeats, < 1 favours them")
     repeat_last_n: int = opt(64, as_int(-1))
     seed: int | None = opt(None, as_int(0, 2**32 - 2, none_ok=True), "None = a fresh random seed")
     stop_sequences: tuple[str, ...] = opt((), as_str_list)
