@@ -3,6 +3,10 @@
 #include "native.h"
 #include "kv_state.h"
 
+#include "ggml-backend.h"
+#include "ggml-cpu.h"
+#include "../vendor/llama.cpp/src/llama-context.h"  // llama_context::get_sched (its CPU backend)
+
 #include <pybind11/stl.h>
 
 #include <cstring>
@@ -104,6 +108,26 @@ Context::Context(std::shared_ptr<Model> model_, const py::dict & params) : model
     n_seq_max = llama_n_seq_max(ctx_);
     n_threads = cp.n_threads;
     batch_ = llama_batch_init((int32_t)n_batch, 0, 1);
+    set_reference_kernels(get_param<bool>(params, "reference_kernels", false));
+}
+
+// ggml's CPU backend has a "reference" switch (ggml_backend_cpu_set_use_ref) that llama.cpp
+// does not expose: with it, flash attention always runs its one-query-row-at-a-time kernel
+// (no 64-row tiles for ubatches of 64+ rows, no KV split across threads for a single row
+// over 512+ cells) and the tiled K-quant matmul and op fusion are off, so a row's result no
+// longer depends on how many rows share its ubatch (docs/architecture.md, "Warm equals cold").
+int Context::set_reference_kernels(bool on) {
+    ggml_backend_sched_t sched = get()->get_sched();
+    int n = 0;
+    for (int i = 0; sched != nullptr && i < ggml_backend_sched_get_n_backends(sched); ++i) {
+        ggml_backend_t b = ggml_backend_sched_get_backend(sched, i);
+        if (ggml_backend_is_cpu(b)) {
+            ggml_backend_cpu_set_use_ref(b, on);
+            ++n;
+        }
+    }
+    reference_kernels = on && n > 0;
+    return n;
 }
 
 Context::~Context() { close(); }
@@ -223,6 +247,10 @@ void bind_context(py::module_ & m) {
         .def_readonly("n_ubatch", &Context::n_ubatch)
         .def_readonly("n_seq_max", &Context::n_seq_max)
         .def_readonly("n_threads", &Context::n_threads)
+        .def_readonly("reference_kernels", &Context::reference_kernels)
+        .def("set_reference_kernels", &Context::set_reference_kernels, py::arg("on"),
+             "Switch ggml's CPU reference kernels (batch-invariant rows) on or off for this "
+             "context's CPU backends; returns how many CPU backends it set.")
         .def("decode", &Context::decode, py::arg("tokens"), py::arg("pos"), py::arg("seq"), py::arg("logits"),
              py::arg("budget_ms") = 0.0,
              "One llama_decode over the rows given. Returns llama.cpp's code: 0 ok, 1 no KV slot, "

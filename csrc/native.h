@@ -117,6 +117,8 @@ public:
     std::shared_ptr<Model> model;
     uint32_t n_ctx = 0, n_batch = 0, n_ubatch = 0, n_seq_max = 0;
     int n_threads = 0;
+    bool reference_kernels = false;  // ggml's CPU reference kernels (set_reference_kernels)
+    int set_reference_kernels(bool on);
     std::vector<std::shared_ptr<void>> keep_alive;  // the LoRA adapters set on it (see set_adapters)
 
     static bool abort_callback(void * data);

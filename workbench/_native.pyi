@@ -69,12 +69,16 @@ class Context:
     n_ubatch: int
     n_seq_max: int
     n_threads: int
+    reference_kernels: bool
     abort_reason: str
     def __init__(self, model: Model, params: dict[str, Any]) -> None:
         """params: n_ctx, n_batch, n_ubatch, n_seq_max, n_threads, n_threads_batch, flash_attn, type_k,
-        type_v, embeddings, kv_unified; offload_kqv, swa_full and the RoPE/YaRN overrides
+        type_v, embeddings, kv_unified, reference_kernels; offload_kqv, swa_full and the RoPE/YaRN overrides
         (rope_scaling_type, rope_freq_base, rope_freq_scale, yarn_*: absent or None = the model's)."""
     def close(self) -> None: ...
+    def set_reference_kernels(self, on: bool) -> int:
+        """ggml's CPU reference kernels on or off (a row's result then does not depend on
+        the rows sharing its ubatch); returns how many CPU backends were set."""
     def decode(self, tokens: list[int], pos: list[int], seq: list[int], logits: list[int],
                budget_ms: float = 0.0) -> int:
         """One llama_decode over rows of several sequences. 0 ok, 1 no KV slot, 2 aborted
@@ -121,7 +125,11 @@ class Sampler:
     end-of-generation token before this many samples), logit_bias ([(id, bias)], -inf bans),
     logprobs (alternatives per token; None = off, up to n_vocab)."""
     def __init__(self, model: Model, params: dict[str, Any]) -> None: ...
-    def sample(self, ctx: Context, idx: int) -> int: ...
+    def sample(self, ctx: Context, idx: int) -> int:
+        """Sample (and accept) a token from output row idx of the last decode. ValueError
+        "<part>: ..." when no token can be picked: "logit_bias" (it bans every token the rest
+        of the shaping leaves), "grammar" (the grammar allows none here) or "sampler" (every
+        candidate ruled out otherwise, or the shaped logits are not finite)."""
     def last_logprobs(self) -> tuple[float, list[tuple[int, float]]] | None:
         """The last sampled token's logprob and the top `logprobs` tokens [(id, logprob)],
         most likely first, from the log-softmax of the shaped logits (before temperature and

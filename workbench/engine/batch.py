@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from .kernel_rows import KernelRows, Pad
 from .request import Request
 from .scheduler import BatchPlan, SeqView
 
@@ -35,9 +36,30 @@ class DecodeBatch:
     slices: list[Slice] = field(default_factory=list)
     verifies: bool = False          # some slice has verify rows
     decode_s: float = 0.0           # how long its native decode took
+    reference: bool = False         # run on ggml's reference kernels (kernel_rows.py)
+    pad: Pad | None = None          # rows added to the decode only, removed after it
 
     def __len__(self) -> int:
         return len(self.tokens)
+
+    def native_rows(self) -> tuple[list[int], list[int], list[int], list[int]]:
+        """Tokens, positions, sequences and logit flags of the native decode: the rows and
+        the pad."""
+        if self.pad is None:
+            return self.tokens, self.pos, self.seq, self.logits
+        p = self.pad
+        return (self.tokens + [p.token] * p.n, self.pos + list(range(p.start, p.start + p.n)),
+                self.seq + [p.seq] * p.n, self.logits + [0] * p.n)
+
+    def fix_kernels(self, rows: KernelRows) -> None:
+        """The kernel choice and pad of kernel_rows.py for these rows."""
+        prompt = [s for s in self.slices if _has_prompt_rows(s.request)]
+        self.reference = rows.reference(len(self), bool(prompt))
+        if prompt and not self.reference:
+            last = prompt[-1]
+            req = last.request
+            assert req.seq is not None
+            self.pad = rows.pad(len(self), req.seq, req.n_past + last.take, req.feed[last.take - 1])
 
     def add(self, req: Request, take: int) -> None:
         assert req.seq is not None
@@ -67,9 +89,17 @@ def view_of(req: Request) -> SeqView:
                    prompt_tokens=len(req.prompt), generated=len(req.generated))
 
 
-def build_batch(plan: BatchPlan, by_ref: Mapping[int, Request]) -> DecodeBatch:
-    """The rows of a plan that :func:`~.scheduler.plan_problem` accepted."""
+def _has_prompt_rows(req: Request) -> bool:
+    """The request decodes KV rows of its prompt before the last token (what rows store)."""
+    return req.phase == "prefilling" and req.n_past <= len(req.prompt) - 2
+
+
+def build_batch(plan: BatchPlan, by_ref: Mapping[int, Request], rows: KernelRows | None = None) -> DecodeBatch:
+    """The rows of a plan that :func:`~.scheduler.plan_problem` accepted, with their kernel
+    choice when ``rows`` is given."""
     batch = DecodeBatch()
     for t in plan.takes:
         batch.add(by_ref[t.ref], t.n)
+    if rows is not None:
+        batch.fix_kernels(rows)
     return batch

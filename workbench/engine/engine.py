@@ -49,6 +49,7 @@ from .cache_saves import SavePoints
 from .commands import COMMAND_TIMEOUT_S
 from .events import ModelPhase
 from .grammars import GrammarCache
+from .kernel_rows import KernelRows
 from .loop import Loop, LoopParts
 from .naming import model_facts, model_id_for  # noqa: F401 - registry takes model_id_for from here
 from .prefix_cache import EngineCache
@@ -64,7 +65,7 @@ from .speculation import COUNTER_NAMES as SPEC_COUNTERS, Speculation, check_spec
 from .sessions import Session, SessionTable, common_prefix
 from .timeouts import COUNTER_NAMES as TIMEOUT_COUNTERS, Timeouts
 
-COUNTER_NAMES = ("decode_calls", "decoded_tokens", "decode_aborted", "decode_timeouts", "finished_stop",
+COUNTER_NAMES = ("decode_calls", "decoded_tokens", "pad_rows", "decode_aborted", "decode_timeouts", "finished_stop",
                  "finished_length", "finished_cancelled", *(kind.counter for kind in HitKind),
                  "sessions_reclaimed", "sessions_reset", "cache_restore_failed", "cache_seq_not_cleared",
                  "cache_saves_dropped", "cache_evicted_sessions", "adapter_changes", "bad_batch_plans",
@@ -100,7 +101,9 @@ class Engine:
         self.strategy = strategy_for(cfg.batch_strategy)
         parts = LoopParts(self.pool, self.table, self.adapters, self.admission, self.results,
                           self.speculation, self.recovery, self.timeouts)
-        self.loop = Loop(model_id, parts, self.strategy, self.budget, cfg.decode_budget_ms, self.counters, self._cv)
+        kernels = KernelRows(n_batch, self.ctx.n_ubatch, self.ctx.n_ctx, cfg.deterministic)
+        self.loop = Loop(model_id, parts, self.strategy, self.budget, cfg.decode_budget_ms, self.counters, self._cv,
+                         kernels)
         self.loop.start()
 
     def _compose(self) -> None:

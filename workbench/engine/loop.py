@@ -28,6 +28,7 @@ from .admission import Admission
 from .batch import DecodeBatch, build_batch, view_of
 from .commands import COMMAND_TIMEOUT_S, CommandQueue
 from .events import ModelPhase
+from .kernel_rows import KernelRows
 from .naming import describe
 from .recovery import Recovery
 from .request import Request
@@ -55,11 +56,13 @@ class LoopParts:
 
 class Loop:
     def __init__(self, model_id: str, parts: LoopParts, strategy: BatchStrategy, budget: Budget,
-                 decode_budget_ms: int, counters: collections.Counter[str], lock: threading.Condition) -> None:
+                 decode_budget_ms: int, counters: collections.Counter[str], lock: threading.Condition,
+                 kernels: KernelRows) -> None:
         self._model_id = model_id
         self._p = parts
         self._strategy = strategy
         self._budget = budget
+        self._kernels = kernels
         self._decode_budget_ms = float(decode_budget_ms)
         self._counters = counters
         self._lock = lock
@@ -187,7 +190,7 @@ class Loop:
         if problem is not None:
             self._bad_plan(problem)
             return None
-        batch = build_batch(plan, {r.ref: r for r in active})
+        batch = build_batch(plan, {r.ref: r for r in active}, self._kernels)
         self.phase = "prefilling" if any(r.phase == "prefilling" for r in active) else "generating"
         return batch
 
@@ -208,7 +211,12 @@ class Loop:
         with self._lock:
             self.in_decode = {s.request.ref for s in batch.slices}
             ctx.clear_abort()
-        rc = ctx.decode(batch.tokens, batch.pos, batch.seq, batch.logits, self._decode_budget_ms)
+        if ctx.reference_kernels != batch.reference:
+            ctx.set_reference_kernels(batch.reference)
+        rc = ctx.decode(*batch.native_rows(), self._decode_budget_ms)
+        if batch.pad is not None:
+            ctx.seq_rm(batch.pad.seq, batch.pad.start, -1)
+            self._counters["pad_rows"] += batch.pad.n
         batch.decode_s = time.perf_counter() - now
         with self._lock:
             self.in_decode = set()

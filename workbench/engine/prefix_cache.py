@@ -99,8 +99,11 @@ class EngineCache:
         # the KV layout, and what computed it: another llama.cpp build (kernels, state format)
         # or backend gives other bits, so its rows would break warm == cold
         backend = "cuda" if _native.cuda and ctx_params.get("n_gpu_layers", 0) != 0 else "cpu"
-        # RoPE/YaRN overrides rotate K differently: part of the layout when set (absent: defaults)
-        layout = ("type_k", "type_v", "flash_attn", *(k for k in ROPE_KEYS if k in ctx_params))
+        # RoPE/YaRN overrides rotate K differently: part of the layout when set (absent: defaults);
+        # so do ggml's reference kernels (deterministic=True): their KV has other bits than the
+        # default kernels', and a row of one mode restored in the other breaks warm == cold
+        layout = ("type_k", "type_v", "flash_attn", *(k for k in (*ROPE_KEYS, "reference_kernels")
+                                                      if k in ctx_params))
         self.kv_params = tuple(sorted([*((k, ctx_params[k]) for k in layout),
                                        ("llama_commit", _native.llama_commit), ("backend", backend)]))
         self.counters = counters

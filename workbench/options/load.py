@@ -57,6 +57,8 @@ class LoadConfig:
                                 "threads (ggml's limit: 512); None = cores this process may use")
     n_threads_batch: int | None = opt(None, as_int(1, 512, none_ok=True), "prefill threads; None = n_threads")
     flash_attn: str = opt("auto", one_of("auto", "on", "off"))
+    deterministic: bool = opt(False, as_bool, "batch-invariant kernels: greedy output independent of the cache "
+                                              "and of what shares the batch, at a prefill cost (needs flash_attn)")
     type_k: str = opt("f16", one_of(*KV_CACHE_TYPES), "K cache type")
     type_v: str = opt("f16", one_of(*KV_CACHE_TYPES), "V cache type (quantised needs flash_attn)")
     n_gpu_layers: int = opt(-1, as_int(-1), "layers to offload on a GPU build (-1 = all); ignored on CPU")
@@ -114,6 +116,9 @@ class LoadConfig:
             raise InvalidOption("cold_max_tokens", self.cold_max_tokens,
                                 f"None or >= cold_min_tokens ({self.cold_min_tokens})", "config")
         _check_batch(self.n_ctx, self.n_batch, self.n_seq_max)
+        if self.deterministic and self.flash_attn == "off":
+            raise InvalidOption("flash_attn", self.flash_attn, "'on' or 'auto' with deterministic=True (the only "
+                                "batch-invariant attention kernel on CPU is flash attention's row kernel)", "config")
         if self.embed_n_ctx is not None:
             _check_embed(self.embed_n_ctx, self.embed_n_seq_max)
 
@@ -141,8 +146,10 @@ def context_params(cfg: Any, n_ctx_train: int) -> dict[str, Any]:
     n_threads = cfg.n_threads or default_threads()
     return {"n_ctx": cfg.n_ctx or min(n_ctx_train or DEFAULT_N_CTX, DEFAULT_N_CTX), "n_batch": cfg.n_batch,
             "n_ubatch": min(cfg.n_ubatch, cfg.n_batch), "n_seq_max": cfg.n_seq_max, "n_threads": n_threads,
-            "n_threads_batch": cfg.n_threads_batch or n_threads, "flash_attn": cfg.flash_attn,
-            "type_k": cfg.type_k, "type_v": cfg.type_v, **context_overrides(cfg)}
+            "n_threads_batch": cfg.n_threads_batch or n_threads,
+            "flash_attn": "on" if getattr(cfg, "deterministic", False) else cfg.flash_attn,
+            "type_k": cfg.type_k, "type_v": cfg.type_v, **context_overrides(cfg),
+            **({"reference_kernels": True} if getattr(cfg, "deterministic", False) else {})}
 
 
 def embed_params(cfg: Any, n_ctx_train: int) -> tuple[int, int]:

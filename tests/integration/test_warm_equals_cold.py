@@ -1,0 +1,136 @@
+"""Warm equals cold, counted over many prompts (docs/architecture.md, "Warm equals cold").
+
+Default mode: exact hits on rows saved after partial restores ("continued" rows), and on
+rows another process saved to a shared disk tier, give the greedy reply of a cold run.
+Before the kernel rule of engine/kernel_rows.py, 12 of 30 such exact hits differed
+(bench/warm_cold.py), so ten prompts passing by luck is unlikely.
+
+Deterministic mode: every hit kind (cold, partial, exact, sticky, another process's tier)
+and every batch composition (1-6 other streams, speculative verify rows) gives the reply of
+a solo cold run, token for token.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+import workbench as wb
+
+pytestmark = pytest.mark.model
+
+TOKENS = 12
+WORDS = (Path(__file__).resolve().parents[2] / "docs" / "cache.md").read_text().split()
+
+
+def prompts(n: int, seed: int, system_words: int = 160) -> list[str]:
+    """``n`` chat prompts under one system prompt (~250 tokens), each with its own question."""
+    rng = random.Random(seed)
+    start = rng.randrange(len(WORDS) - 400)
+    system = " ".join(WORDS[start:start + system_words])
+    out = []
+    for _ in range(n):
+        s = rng.randrange(len(WORDS) - 60)
+        question = " ".join(WORDS[s:s + rng.randrange(6, 40)])
+        out.append(f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\nSummarise: {question}"
+                   f"<|im_end|>\n<|im_start|>assistant\n")
+    return out
+
+
+def solo_cold(model: str, texts: list[str]) -> list[tuple[int, ...]]:
+    return [wb.complete(model, t, response_tokens=TOKENS, cache=False).tokens for t in texts]
+
+
+def differing(results: list, cold: list[tuple[int, ...]]) -> int:
+    return sum(r.tokens != c for r, c in zip(results, cold))
+
+
+CHILD = """
+import json, sys
+import workbench as wb
+root, model_path, deterministic, tokens = sys.argv[1], sys.argv[2], sys.argv[3] == "1", int(sys.argv[4])
+wb.configure_cache([{"kind": "disk", "root": root, "budget_bytes": 1 << 30}])
+m = wb.load_model(model_path=model_path, deterministic=deterministic)
+for text in json.loads(sys.stdin.read()):
+    wb.complete(m, text, response_tokens=tokens)
+assert wb.wait_for_saves(60)
+"""
+
+
+def saved_by_another_process(root: Path, model_path: Path, texts: list[str], deterministic: bool) -> None:
+    subprocess.run([sys.executable, "-c", CHILD, str(root), str(model_path), "1" if deterministic else "0",
+                    str(TOKENS)], input=json.dumps(texts), text=True, check=True, timeout=600)
+    wb.configure_cache([{"kind": "disk", "root": str(root), "budget_bytes": 1 << 30}])   # adopts its rows
+
+
+def test_exact_hits_on_continued_rows_give_the_cold_reply(model):
+    texts = prompts(10, seed=1)
+    cold = solo_cold(model, texts)
+    first = [wb.complete(model, t, response_tokens=TOKENS) for t in texts]
+    assert wb.wait_for_saves(60)
+    again = [wb.complete(model, t, response_tokens=TOKENS) for t in texts]
+    assert Counter(r.stats.cache_hit_kind for r in first) == {"cold": 1, "partial": 9}
+    assert [r.stats.cache_hit_kind for r in again] == ["exact"] * 10
+    assert differing(again, cold) == 0
+    assert differing(first, cold) == 0      # the partial hits too, in this one-stream run
+    assert wb.counters()["pad_rows"] > 0    # the suffixes after the restores were padded
+
+
+def test_exact_hits_on_another_processes_tier_give_the_cold_reply(model, model_path, tmp_path):
+    texts = prompts(5, seed=2)
+    cold = solo_cold(model, texts)
+    saved_by_another_process(tmp_path / "disk", model_path, texts, deterministic=False)
+    warm = [wb.complete(model, t, response_tokens=TOKENS) for t in texts]
+    assert [r.stats.cache_hit_kind for r in warm] == ["exact"] * 5
+    assert differing(warm, cold) == 0
+
+
+def concurrently(model: str, texts: list[str], **opts) -> list:
+    streams = [wb.stream(model, t, response_tokens=TOKENS, **opts) for t in texts]
+    return [s.result() for s in streams]
+
+
+@pytest.mark.load(deterministic=True, n_seq_max=8)
+def test_deterministic_mode_every_hit_kind_and_batch_gives_the_solo_cold_reply(fresh_model, model_path, tmp_path):
+    m = fresh_model
+    texts = prompts(6, seed=3)
+    others = prompts(5, seed=4, system_words=40)     # shorter prompts sharing the batch
+    cold = solo_cold(m, texts)
+    kinds: Counter[str] = Counter()
+    diffs: Counter[str] = Counter()
+
+    def check(label: str, results: list, first: int = 0) -> None:
+        """``results`` are the replies of texts[first:]."""
+        kinds.update(f"{label}:{r.stats.cache_hit_kind}" for r in results)
+        diffs[label] += differing(results, cold[first:])
+
+    check("solo", [wb.complete(m, t, response_tokens=TOKENS) for t in texts])      # cold, then partial
+    assert wb.wait_for_saves(60)
+    check("solo", [wb.complete(m, t, response_tokens=TOKENS) for t in texts])      # exact
+    for n_others in (1, 3, 5):                        # a prompt beside n other streams
+        batch = [wb.stream(m, o, response_tokens=TOKENS * 2, cache=False) for o in others[:n_others]]
+        check(f"beside {n_others}", [wb.complete(m, texts[n_others], response_tokens=TOKENS, cache=False)],
+              first=n_others)
+        [s.result() for s in batch]
+    check("all at once, cache off", concurrently(m, texts, cache=False))
+    check("all at once, cached", concurrently(m, texts))
+    check("speculative", [wb.complete(m, t, response_tokens=TOKENS, cache=False,
+                                      speculative={"ngram": "simple", "size_n": 2, "adaptive": False})
+                          for t in texts[:3]])
+    # sticky: a session's second turn continues its live KV
+    turn1 = wb.complete(m, texts[0], response_tokens=TOKENS, session_id="s")
+    turn2 = f"{texts[0]}{turn1.reply}<|im_end|>\n<|im_start|>user\nShorter.<|im_end|>\n<|im_start|>assistant\n"
+    sticky = wb.complete(m, turn2, response_tokens=TOKENS, session_id="s")
+    assert sticky.stats.cache_hit_kind == "sticky"
+    assert sticky.tokens == wb.complete(m, turn2, response_tokens=TOKENS, cache=False).tokens
+    # rows another deterministic process saved to a disk tier
+    saved_by_another_process(tmp_path / "disk", model_path, texts, deterministic=True)
+    check("other process", [wb.complete(m, t, response_tokens=TOKENS) for t in texts])
+    assert kinds["solo:partial"] >= 4 and kinds["solo:exact"] == 6 and kinds["other process:exact"] == 6
+    assert sum(diffs.values()) == 0, dict(diffs)
