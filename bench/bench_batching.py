@@ -41,8 +41,10 @@ def batched_bench(model: Path, threads: int, npp: int, ntg: int, npl: list[int])
     return {int(r["pl"]): float(r["speed_tg"]) for r in rows}
 
 
-def ours_aggregate(model: Path, threads: int, npp: int, ntg: int, npl: list[int], reps: int) -> dict[int, float]:
-    mid = wb.load_model(model_path=str(model), n_threads=threads, n_seq_max=max(npl), n_ctx=N_CTX)
+def ours_aggregate(model: Path, threads: int, npp: int, ntg: int, npl: list[int], reps: int,
+                   deterministic: bool = False) -> dict[int, float]:
+    mid = wb.load_model(model_path=str(model), n_threads=threads, n_seq_max=max(npl), n_ctx=N_CTX,
+                        deterministic=deterministic)
     rng = random.Random(5)
     n_vocab = wb.model_info(mid)["n_vocab"]
     out: dict[int, float] = {}
@@ -93,11 +95,12 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--threads", type=int, default=default_threads())
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--deterministic", action="store_true", help="ours with load_model(deterministic=True)")
     args = ap.parse_args()
     model = wb.fetch_default_model()
     npl = [int(x) for x in args.npl.split(",")]
     ref = batched_bench(model, args.threads, args.npp, args.ntg, npl)
-    got = ours_aggregate(model, args.threads, args.npp, args.ntg, npl, args.reps)
+    got = ours_aggregate(model, args.threads, args.npp, args.ntg, npl, args.reps, args.deterministic)
     print(f"aggregate decode, {args.npp}-token prompts, {args.ntg} tokens each, {args.threads} threads")
     print(f"{'streams':>8}{'batched-bench tok/s':>22}{'workbench tok/s':>18}{'ratio':>8}")
     rows = {}

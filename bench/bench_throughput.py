@@ -10,7 +10,7 @@ generated tokens timed from the first to the last (sampling and Python included)
 Rounds alternate (llama-bench with one repetition, then ours once) and the ratio reported
 is the median of the per-round ratios, so a drift of a shared machine hits both sides.
 
-    python bench/bench_throughput.py [--rounds 5] [--threads N] [--json out.json]
+    python bench/bench_throughput.py [--rounds 5] [--threads N] [--deterministic] [--json out.json]
 """
 
 from __future__ import annotations
@@ -46,10 +46,10 @@ def llama_bench(model: Path, threads: int, reps: int, n_prompt: int, n_gen: int)
 class Ours:
     """The default model loaded once, as llama-bench sets up its context."""
 
-    def __init__(self, model: Path, threads: int, n_prompt: int, n_gen: int) -> None:
+    def __init__(self, model: Path, threads: int, n_prompt: int, n_gen: int, deterministic: bool = False) -> None:
         self.mid = wb.load_model(model_path=str(model), n_threads=threads, n_batch=2048, n_ubatch=512,
                                  flash_attn="auto", n_seq_max=1, prefill_chunk_size=None,
-                                 n_ctx=max(n_prompt, n_gen) + 256)
+                                 n_ctx=max(n_prompt, n_gen) + 256, deterministic=deterministic)
         self.n_prompt, self.n_gen = n_prompt, n_gen
         self.rng = random.Random(1234)
         self.n_vocab = wb.model_info(self.mid)["n_vocab"]
@@ -77,9 +77,10 @@ def main() -> int:
     ap.add_argument("--n-gen", type=int, default=128)
     ap.add_argument("--model", type=Path, default=None)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--deterministic", action="store_true", help="ours with load_model(deterministic=True)")
     args = ap.parse_args()
     model = args.model or wb.fetch_default_model()
-    ours = Ours(model, args.threads, args.n_prompt, args.n_gen)
+    ours = Ours(model, args.threads, args.n_prompt, args.n_gen, args.deterministic)
     rounds = []
     try:
         for _ in range(args.rounds):

@@ -28,50 +28,89 @@ class Slice:
 
 
 @dataclass(slots=True)
-class DecodeBatch:
+class Rows:
+    """The arrays of one native decode."""
+
     tokens: list[int] = field(default_factory=list)
     pos: list[int] = field(default_factory=list)
     seq: list[int] = field(default_factory=list)
     logits: list[int] = field(default_factory=list)
-    slices: list[Slice] = field(default_factory=list)
-    verifies: bool = False          # some slice has verify rows
-    decode_s: float = 0.0           # how long its native decode took
-    reference: bool = False         # run on ggml's reference kernels (kernel_rows.py)
-    pad: Pad | None = None          # rows added to the decode only, removed after it
 
     def __len__(self) -> int:
         return len(self.tokens)
 
-    def native_rows(self) -> tuple[list[int], list[int], list[int], list[int]]:
-        """Tokens, positions, sequences and logit flags of the native decode: the rows and
-        the pad."""
-        if self.pad is None:
-            return self.tokens, self.pos, self.seq, self.logits
-        p = self.pad
-        return (self.tokens + [p.token] * p.n, self.pos + list(range(p.start, p.start + p.n)),
-                self.seq + [p.seq] * p.n, self.logits + [0] * p.n)
-
-    def fix_kernels(self, rows: KernelRows) -> None:
-        """The kernel choice and pad of kernel_rows.py for these rows."""
-        prompt = [s for s in self.slices if _has_prompt_rows(s.request)]
-        self.reference = rows.reference(len(self), bool(prompt))
-        if prompt and not self.reference:
-            last = prompt[-1]
-            req = last.request
-            assert req.seq is not None
-            self.pad = rows.pad(len(self), req.seq, req.n_past + last.take, req.feed[last.take - 1])
-
-    def add(self, req: Request, take: int) -> None:
+    def add(self, req: Request, take: int) -> int:
+        """``take`` rows of ``req``'s feed from its n_past; returns the first row's index."""
         assert req.seq is not None
         start = len(self.tokens)
         self.tokens.extend(req.feed[:take])
         self.pos.extend(range(req.n_past, req.n_past + take))
         self.seq.extend([req.seq] * take)
+        return start
+
+    def native(self, pad: Pad | None = None) -> tuple[list[int], list[int], list[int], list[int]]:
+        """Tokens, positions, sequences and logit flags, with the pad's rows after them."""
+        if pad is None:
+            return self.tokens, self.pos, self.seq, self.logits
+        return (self.tokens + [pad.token] * pad.n, self.pos + list(range(pad.start, pad.start + pad.n)),
+                self.seq + [pad.seq] * pad.n, self.logits + [0] * pad.n)
+
+
+@dataclass(slots=True)
+class DecodeBatch:
+    """A tick's rows: ``main`` (what is sampled, and everything in deterministic mode) and,
+    in the default mode, ``prompt`` (prompt rows that ask for no logits), decoded first on
+    ggml's tiled attention kernel with its ``pad`` (engine/kernel_rows.py)."""
+
+    main: Rows = field(default_factory=Rows)
+    prompt: Rows = field(default_factory=Rows)
+    slices: list[Slice] = field(default_factory=list)
+    verifies: bool = False          # some slice has verify rows
+    decode_s: float = 0.0           # how long its native decodes took
+    reference: bool = False         # main runs on ggml's reference kernels (kernel_rows.py)
+    pad: Pad | None = None          # rows added to the prompt decode only, removed after it
+
+    def __len__(self) -> int:
+        return len(self.main) + len(self.prompt)
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.main.tokens
+
+    @property
+    def pos(self) -> list[int]:
+        return self.main.pos
+
+    @property
+    def seq(self) -> list[int]:
+        return self.main.seq
+
+    @property
+    def logits(self) -> list[int]:
+        return self.main.logits
+
+    def parts(self) -> list[tuple[tuple[list[int], list[int], list[int], list[int]], bool, Pad | None]]:
+        """The native decodes of the tick, in order: (rows, reference kernels, pad)."""
+        out = []
+        if self.prompt.tokens:
+            out.append((self.prompt.native(self.pad), False, self.pad))
+        if self.main.tokens:
+            out.append((self.main.native(), self.reference, None))
+        return out
+
+    def add(self, req: Request, take: int, split: bool = False) -> None:
+        """``take`` rows of ``req``; ``split``: prompt rows without logits go to ``prompt``."""
         complete = take == len(req.feed)
+        if split and req.out_from is None and not complete and _has_prompt_rows(req):
+            self.prompt.add(req, take)
+            self.prompt.logits.extend([0] * take)
+            self.slices.append(Slice(req, take, None))
+            return
+        start = self.main.add(req, take)
         if req.out_from is not None:
             self._add_verify(req, take, start)
             return
-        self.logits.extend([0] * (take - 1) + [1 if complete else 0])
+        self.main.logits.extend([0] * (take - 1) + [1 if complete else 0])
         self.slices.append(Slice(req, take, start + take - 1 if complete else None))
 
     def _add_verify(self, req: Request, take: int, start: int) -> None:
@@ -79,9 +118,22 @@ class DecodeBatch:
         sequence's last token + draft, or a verify() request's candidates."""
         assert req.out_from is not None
         first = min(max(req.out_from - req.n_past, 0), take)
-        self.logits.extend([0] * first + [1] * (take - first))
+        self.main.logits.extend([0] * first + [1] * (take - first))
         self.slices.append(Slice(req, take, None, range(start + first, start + take)))
         self.verifies = True
+
+    def fix_kernels(self, rows: KernelRows) -> None:
+        """The kernels and pad of kernel_rows.py: the prompt part pads to the tiled kernel;
+        main runs the reference kernels unless it holds prompt rows (a verify() request's)."""
+        main_prompt = any(_has_prompt_rows(s.request) for s in self.slices if s.logits_row is not None
+                          or s.rows is not None)
+        self.reference = rows.reference(main_prompt)
+        last = next((s for s in reversed(self.slices) if s.logits_row is None and s.rows is None
+                     and _has_prompt_rows(s.request)), None)
+        if self.prompt.tokens and last is not None:
+            req = last.request
+            assert req.seq is not None
+            self.pad = rows.pad(len(self.prompt), req.seq, req.n_past + last.take, req.feed[last.take - 1])
 
 
 def view_of(req: Request) -> SeqView:
@@ -98,8 +150,9 @@ def build_batch(plan: BatchPlan, by_ref: Mapping[int, Request], rows: KernelRows
     """The rows of a plan that :func:`~.scheduler.plan_problem` accepted, with their kernel
     choice when ``rows`` is given."""
     batch = DecodeBatch()
+    split = rows is not None and not rows.deterministic
     for t in plan.takes:
-        batch.add(by_ref[t.ref], t.n)
+        batch.add(by_ref[t.ref], t.n, split)
     if rows is not None:
         batch.fix_kernels(rows)
     return batch

@@ -8,17 +8,17 @@ tiles), fewer rows through a row-at-a-time kernel (f16 sums over the sequence's 
 order), and one row over 512+ cells with the cells split between threads. The same
 position computed by two kernels gets other bits, and so does every later position.
 
-* **Default mode.** Prompt rows (the KV rows that cache rows hold) always take the tiled
-  kernel: a batch holding prompt rows whose last ubatch would have 1..63 rows gets pad rows,
-  future positions of its last prefilling sequence that no real row sees (the causal mask)
-  and that are removed after the decode. A batch of fewer than 64 rows without prompt rows
-  (decode rows, a prompt's last token decoded alone) runs ggml's reference kernel, the
-  row-at-a-time one without the thread split: the same cost, and no dependence on how many
-  cells other sequences hold. So a prompt's KV is the same however the prompt was cut
-  (a partial restore, chunked prefill, a save point), and an exact hit decodes its last
-  token exactly as the cold run did. Left: the tiled kernel groups cells by their index in
-  the unified KV, so two runs whose sequences sit at other cell offsets (other sequences
-  holding cells) can differ.
+* **Default mode.** A tick's prompt rows (the KV rows that cache rows hold, which ask for no
+  logits) are decoded first, on their own, always on the tiled kernel: when their last
+  ubatch would have 1..63 rows it gets pad rows, future positions of its last prefilling
+  sequence that no real row sees (the causal mask), removed after the decode. The tick's
+  other rows (generated tokens, a prompt's last token, speculative verify rows) are then
+  decoded on ggml's reference kernel, the row-at-a-time one without the thread split (the
+  same cost for such rows). So a prompt's KV is the same however the prompt was cut (a
+  partial restore, chunked prefill, a save point), an exact hit decodes its last token
+  exactly as the cold run did, and a generated token does not depend on what shares its
+  tick. Left: the tiled kernel groups cells by their index in the unified KV, so a prompt
+  prefilled while other sequences hold cells (at another cell offset) can get other bits.
 * **Deterministic mode** (``load_model(deterministic=True)``): the reference kernel for
   every row. A row's result then depends only on its token, its position and the cells of
   its own sequence in order: not on the ubatch, the cache or what shares the batch.
@@ -55,9 +55,10 @@ class KernelRows:
         tail = n_rows % self.n_ubatch
         return FA_TILE_ROWS - tail if 0 < tail < FA_TILE_ROWS else 0
 
-    def reference(self, n_rows: int, prompt_rows: bool) -> bool:
-        """Whether the decode runs ggml's reference kernels."""
-        return self.deterministic or (not prompt_rows and n_rows < FA_TILE_ROWS)
+    def reference(self, prompt_rows: bool) -> bool:
+        """Whether a decode runs ggml's reference kernels: always in deterministic mode, else
+        unless it holds prompt rows."""
+        return self.deterministic or not prompt_rows
 
     def pad(self, n_rows: int, seq: int, end: int, token: int) -> Pad | None:
         """The pad of a batch of ``n_rows`` whose last prefilling sequence ``seq`` ends at

@@ -202,7 +202,8 @@ class Loop:
 
     # --- step 2: decode ----------------------------------------------------------------------
     def _decode(self, batch: DecodeBatch) -> int:
-        """One native decode (GIL released, within decode_budget_ms); llama_decode's code."""
+        """The tick's native decodes (GIL released, each within decode_budget_ms): its prompt
+        rows, then the rest; llama_decode's code (the first that is not 0)."""
         now = time.perf_counter()
         for s in batch.slices:
             if s.request.phase == "prefilling" and s.request.prefill_started_at is None:
@@ -211,16 +212,21 @@ class Loop:
         with self._lock:
             self.in_decode = {s.request.ref for s in batch.slices}
             ctx.clear_abort()
-        if ctx.reference_kernels != batch.reference:
-            ctx.set_reference_kernels(batch.reference)
-        rc = ctx.decode(*batch.native_rows(), self._decode_budget_ms)
-        if batch.pad is not None:
-            ctx.seq_rm(batch.pad.seq, batch.pad.start, -1)
-            self._counters["pad_rows"] += batch.pad.n
+        rc = calls = 0
+        for rows, reference, pad in batch.parts():   # prompt rows first (kernel_rows.py)
+            calls += 1
+            if ctx.reference_kernels != reference:
+                ctx.set_reference_kernels(reference)
+            rc = ctx.decode(*rows, self._decode_budget_ms)
+            if pad is not None:
+                ctx.seq_rm(pad.seq, pad.start, -1)
+                self._counters["pad_rows"] += pad.n
+            if rc != 0:
+                break
         batch.decode_s = time.perf_counter() - now
         with self._lock:
             self.in_decode = set()
-        self._counters["decode_calls"] += 1
+        self._counters["decode_calls"] += calls
         if rc == 0:
             self._counters["decoded_tokens"] += len(batch)
         return rc
