@@ -13,6 +13,7 @@ import workbench as wb
 from workbench import _native
 from workbench.engine.events import Token, TokenId
 from workbench.engine.grammars import sampler_refused
+from workbench.engine.kernel_rows import FA_TILE_ROWS
 from workbench.errors import InvalidOption, SamplingFailed, UnknownOption
 from workbench.options import LoadConfig, RequestOptions, build
 
@@ -43,6 +44,23 @@ class FreshContext:
         n = len(tokens)
         assert self.ctx.decode(tokens, list(range(n)), [0] * n, [1] * n, 0.0) == 0
 
+    def log_softmaxes_like_the_engine(self, prompt: list[int], generated: list[int]) -> list[dict[int, float]]:
+        """The log-softmax before each generated token, computed on the kernels the engine
+        uses (engine/kernel_rows.py): the prompt but its last token as prompt rows (tiled
+        attention, padded to a tile), then each token alone on the reference kernels."""
+        head = prompt[:-1]
+        pad = max(0, FA_TILE_ROWS - len(head))
+        rows = head + [head[-1]] * pad
+        self.ctx.set_reference_kernels(False)
+        assert self.ctx.decode(rows, list(range(len(rows))), [0] * len(rows), [0] * len(rows), 0.0) == 0
+        self.ctx.seq_rm(0, len(head), -1)
+        self.ctx.set_reference_kernels(True)
+        out = []
+        for i, token in enumerate([prompt[-1], *generated[:-1]]):
+            assert self.ctx.decode([token], [len(head) + i], [0], [1], 0.0) == 0
+            out.append(self.log_softmax(0))
+        return out
+
     def log_softmax(self, row: int) -> dict[int, float]:
         logits = dict(_native.top_logits(self.ctx, row, self.model.n_vocab))
         top = max(logits.values())
@@ -70,9 +88,9 @@ def test_logprobs_are_the_log_softmax_of_the_logits(model, fresh):
     ids = [e for e in events if isinstance(e, TokenId)]
     assert [(e.id, e.logprob, e.top_logprobs) for e in ids] == [(lp.id, lp.logprob, lp.top) for lp in r.logprobs]
     prompt = wb.tokenize(model, PROMPT)
-    fresh.decode(prompt + list(r.tokens))
+    wants = fresh.log_softmaxes_like_the_engine(prompt, list(r.tokens))
     for i, lp in enumerate(r.logprobs):
-        want = fresh.log_softmax(len(prompt) + i - 1)
+        want = wants[i]
         assert lp.id == r.tokens[i] and lp.logprob == pytest.approx(want[lp.id], abs=2e-3)
         assert len(lp.top) == 5 and lp.top[0].id == lp.id              # greedy: the most likely
         assert [t.logprob for t in lp.top] == sorted((t.logprob for t in lp.top), reverse=True)

@@ -65,8 +65,8 @@ from .speculation import COUNTER_NAMES as SPEC_COUNTERS, Speculation, check_spec
 from .sessions import Session, SessionTable, common_prefix
 from .timeouts import COUNTER_NAMES as TIMEOUT_COUNTERS, Timeouts
 
-COUNTER_NAMES = ("decode_calls", "decoded_tokens", "pad_rows", "decode_aborted", "decode_timeouts", "finished_stop",
-                 "finished_length", "finished_cancelled", *(kind.counter for kind in HitKind),
+COUNTER_NAMES = ("decode_calls", "decoded_tokens", "pad_rows", "pad_refused", "decode_aborted", "decode_timeouts",
+                 "finished_stop", "finished_length", "finished_cancelled", *(kind.counter for kind in HitKind),
                  "sessions_reclaimed", "sessions_reset", "cache_restore_failed", "cache_seq_not_cleared",
                  "cache_saves_dropped", "cache_evicted_sessions", "adapter_changes", "bad_batch_plans",
                  *SPEC_COUNTERS, *TIMEOUT_COUNTERS, *SESSION_COUNTERS)

@@ -30,7 +30,7 @@ from .commands import COMMAND_TIMEOUT_S, CommandQueue
 from .events import ModelPhase
 from .kernel_rows import KernelRows
 from .naming import describe
-from .recovery import Recovery
+from .recovery import KV_FULL, Recovery
 from .request import Request
 from .request_table import RequestTable
 from .results import BatchResults
@@ -221,6 +221,12 @@ class Loop:
             if pad is not None:
                 ctx.seq_rm(pad.seq, pad.start, -1)
                 self._counters["pad_rows"] += pad.n
+                if rc == KV_FULL:   # no cells for the pad: the rows alone may fit (the row kernel then)
+                    self._counters["pad_refused"] += 1
+                    for sl in batch.slices:
+                        assert sl.request.seq is not None
+                        self._p.pool.trim(sl.request.seq, sl.request.n_past)
+                    rc = ctx.decode(*batch.prompt.native(), self._decode_budget_ms)
             if rc != 0:
                 break
         batch.decode_s = time.perf_counter() - now
