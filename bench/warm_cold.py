@@ -27,11 +27,12 @@ import workbench as wb  # noqa: E402
 WORDS = (Path(__file__).resolve().parents[1] / "docs" / "cache.md").read_text().split()
 
 
-def prompts(n: int, seed: int = 0) -> list[str]:
-    """``n`` chat prompts under one system prompt of ~300 tokens, each with its own question."""
+def prompts(n: int, seed: int = 0, system_words: int = 220) -> list[str]:
+    """``n`` chat prompts under one system prompt (220 words: ~300 tokens), each with its own
+    question (also tests/integration/test_warm_equals_cold.py's)."""
     rng = random.Random(seed)
     start = rng.randrange(len(WORDS) - 400)
-    system = " ".join(WORDS[start:start + 220])
+    system = " ".join(WORDS[start:start + system_words])
     out = []
     for _ in range(n):
         s = rng.randrange(len(WORDS) - 60)

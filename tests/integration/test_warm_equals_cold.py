@@ -13,36 +13,19 @@ a solo cold run, token for token.
 from __future__ import annotations
 
 import json
-import random
 import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
+from warm_cold import prompts   # bench/warm_cold.py (tests/conftest.py puts bench/ on the path)
 
 import workbench as wb
 
 pytestmark = pytest.mark.model
 
 TOKENS = 12
-WORDS = (Path(__file__).resolve().parents[2] / "docs" / "cache.md").read_text().split()
-
-
-def prompts(n: int, seed: int, system_words: int = 160) -> list[str]:
-    """``n`` chat prompts under one system prompt (~250 tokens), each with its own question."""
-    rng = random.Random(seed)
-    start = rng.randrange(len(WORDS) - 400)
-    system = " ".join(WORDS[start:start + system_words])
-    out = []
-    for _ in range(n):
-        s = rng.randrange(len(WORDS) - 60)
-        question = " ".join(WORDS[s:s + rng.randrange(6, 40)])
-        out.append(f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\nSummarise: {question}"
-                   f"<|im_end|>\n<|im_start|>assistant\n")
-    return out
-
-
 def solo_cold(model: str, texts: list[str]) -> list[tuple[int, ...]]:
     return [wb.complete(model, t, response_tokens=TOKENS, cache=False).tokens for t in texts]
 

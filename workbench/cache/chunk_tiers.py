@@ -24,6 +24,7 @@ from workbench.cache.chunk_backends import ChunkDir, ChunkMemory
 from workbench.cache.chunk_catalog import ChunkInfo
 from workbench.cache.chunk_format import ChunkMeta
 from workbench.cache.policies import EvictionPolicy, bind_hooks, PolicySpec, get_policy
+from workbench.cache.tiers import effective_limit
 from workbench.cache.types import RowStats
 
 
@@ -67,11 +68,8 @@ class ChunkTier:
 
     @property
     def limit(self) -> int | None:
-        """The bytes it may hold: its budget, lowered to ``full_at`` once a write found its
-        file system full (a disk smaller than the budget)."""
-        if self.full_at is None:
-            return self.budget
-        return self.full_at if self.budget is None else min(self.budget, self.full_at)
+        """The bytes it may hold (tiers.effective_limit)."""
+        return effective_limit(self.budget, self.full_at)
 
     def fits(self, size: int) -> bool:
         """Could a chunk of ``size`` bytes ever live here (ignoring what is stored now)?"""

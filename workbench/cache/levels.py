@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from workbench.cache.policies import EvictionPolicy, bind_hooks
-from workbench.cache.tiers import Tier
+from workbench.cache.tiers import Tier, effective_limit
 from workbench.cache.types import RowStats
 
 
@@ -43,11 +43,8 @@ class Level:
 
     @property
     def limit(self) -> int | None:
-        """The bytes it may hold: its budget, lowered to `full_at` once a write found its
-        file system full (a disk smaller than the budget)."""
-        if self.full_at is None:
-            return self.budget
-        return self.full_at if self.budget is None else min(self.budget, self.full_at)
+        """The bytes it may hold (tiers.effective_limit)."""
+        return effective_limit(self.budget, self.full_at)
 
     def __contains__(self, key: object) -> bool:
         return key in self.sizes

@@ -19,6 +19,15 @@ from workbench.cache import store
 from workbench.cache.format import ChecksumAlgo, CorruptReason, CorruptRow, RowMeta, read_row, row_size
 
 
+
+def effective_limit(budget: int | None, full_at: int | None) -> int | None:
+    """The bytes a tier may hold: its budget, lowered to ``full_at`` once a write found its
+    file system full (a disk smaller than the budget); None = no bound. One rule for both
+    storages (levels.Level, chunk_tiers.ChunkTier)."""
+    if full_at is None:
+        return budget
+    return full_at if budget is None else min(budget, full_at)
+
 class RowMissing(LookupError):
     """The tier does not hold this key (never stored, or removed meanwhile)."""
 
