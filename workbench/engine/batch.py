@@ -69,6 +69,7 @@ class DecodeBatch:
     decode_s: float = 0.0           # how long its native decodes took
     reference: bool = False         # main runs on ggml's reference kernels (kernel_rows.py)
     pad: Pad | None = None          # rows added to the prompt decode only, removed after it
+    last_prompt: Slice | None = None  # the prompt part's last slice (its sequence takes the pad)
 
     def __len__(self) -> int:
         return len(self.main) + len(self.prompt)
@@ -104,7 +105,8 @@ class DecodeBatch:
         if split and req.out_from is None and not complete and _has_prompt_rows(req):
             self.prompt.add(req, take)
             self.prompt.logits.extend([0] * take)
-            self.slices.append(Slice(req, take, None))
+            self.last_prompt = Slice(req, take, None)
+            self.slices.append(self.last_prompt)
             return
         start = self.main.add(req, take)
         if req.out_from is not None:
@@ -128,9 +130,8 @@ class DecodeBatch:
         main_prompt = any(_has_prompt_rows(s.request) for s in self.slices if s.logits_row is not None
                           or s.rows is not None)
         self.reference = rows.reference(main_prompt)
-        last = next((s for s in reversed(self.slices) if s.logits_row is None and s.rows is None
-                     and _has_prompt_rows(s.request)), None)
-        if self.prompt.tokens and last is not None:
+        last = self.last_prompt
+        if last is not None:
             req = last.request
             assert req.seq is not None
             self.pad = rows.pad(len(self.prompt), req.seq, req.n_past + last.take, req.feed[last.take - 1])

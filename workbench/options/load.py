@@ -144,12 +144,13 @@ def context_params(cfg: Any, n_ctx_train: int) -> dict[str, Any]:
     """What ``_native.Context`` gets for ``cfg`` (a LoadConfig, or an object with its context
     fields: the model probe's child passes them unchecked), defaults resolved."""
     n_threads = cfg.n_threads or default_threads()
+    deterministic = bool(getattr(cfg, "deterministic", False))   # the probe's child passes no such field
     return {"n_ctx": cfg.n_ctx or min(n_ctx_train or DEFAULT_N_CTX, DEFAULT_N_CTX), "n_batch": cfg.n_batch,
             "n_ubatch": min(cfg.n_ubatch, cfg.n_batch), "n_seq_max": cfg.n_seq_max, "n_threads": n_threads,
             "n_threads_batch": cfg.n_threads_batch or n_threads,
-            "flash_attn": "on" if getattr(cfg, "deterministic", False) else cfg.flash_attn,
+            "flash_attn": "on" if deterministic else cfg.flash_attn,
             "type_k": cfg.type_k, "type_v": cfg.type_v, **context_overrides(cfg),
-            **({"reference_kernels": True} if getattr(cfg, "deterministic", False) else {})}
+            **({"reference_kernels": True} if deterministic else {})}
 
 
 def embed_params(cfg: Any, n_ctx_train: int) -> tuple[int, int]:
