@@ -54,11 +54,11 @@ from . import middleware  # noqa: E402
 middleware.wrap_namespace(globals(), __all__)
 
 
-def __getattr__(name: str):  # noqa: ANN202 - `wb.cluster` imports Ray only when it is used
-    if name == "cluster":
+def __getattr__(name: str):  # noqa: ANN202 - `wb.cluster` imports Ray, `wb.lab` pandas, when used
+    if name in ("cluster", "lab"):
         import importlib
 
-        return importlib.import_module(".cluster", __name__)
+        return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

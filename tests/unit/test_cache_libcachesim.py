@@ -1,4 +1,4 @@
-"""LRU and S3-FIFO checked against libCacheSim (the reference simulator), not themselves.
+"""LRU, FIFO and S3-FIFO checked against libCacheSim (the reference simulator), not themselves.
 
 The same seeded Zipf trace is replayed through libcachesim's cache and through a one-tier
 TieredCache (RamTier whose budget is the cache size in bytes). To compare like with like:
@@ -70,7 +70,7 @@ def our_misses(policy: str, cache_size: int, trace: list[int], size_of: SizeOf) 
 TRACE = zipf_trace(alpha=1.0, seed=42)
 
 
-@pytest.mark.parametrize("ours, reference", [("lru", "LRU"), ("s3fifo", "S3FIFO")])
+@pytest.mark.parametrize("ours, reference", [("lru", "LRU"), ("fifo", "FIFO"), ("s3fifo", "S3FIFO")])
 @pytest.mark.parametrize("cache_size", [20, 100, 400])
 def test_miss_counts_equal_libcachesim(ours: str, reference: str, cache_size: int) -> None:
     expected = reference_misses(reference, cache_size, TRACE, unit_size)
@@ -78,7 +78,7 @@ def test_miss_counts_equal_libcachesim(ours: str, reference: str, cache_size: in
     assert 0 < expected < len(TRACE)
 
 
-@pytest.mark.parametrize("ours, reference", [("lru", "LRU"), ("s3fifo", "S3FIFO")])
+@pytest.mark.parametrize("ours, reference", [("lru", "LRU"), ("fifo", "FIFO"), ("s3fifo", "S3FIFO")])
 @pytest.mark.parametrize("cache_size", [100, 300])
 def test_miss_counts_equal_libcachesim_with_object_sizes(ours: str, reference: str, cache_size: int) -> None:
     trace = zipf_trace(alpha=0.8, seed=7)

@@ -227,7 +227,7 @@ def test_custom_priority_function() -> None:
 
 
 def test_get_policy_registry() -> None:
-    assert sorted(POLICIES) == ["frecency", "gdsf", "lfu", "lru", "s3fifo"]
+    assert sorted(POLICIES) == ["fifo", "frecency", "gdsf", "lfu", "lru", "s3fifo"]
     assert isinstance(get_policy("LRU"), LRU)
     assert isinstance(get_policy(S3FIFO), S3FIFO)
     assert get_policy("gdsf") is not get_policy("gdsf")  # names give fresh (stateful) instances
@@ -235,7 +235,7 @@ def test_get_policy_registry() -> None:
     assert get_policy(lfu) is lfu
     fn = get_policy(lambda row, now: 0.0)
     assert isinstance(fn, FunctionPolicy) and fn.name == "<lambda>"
-    with pytest.raises(ValueError, match="valid: frecency, gdsf, lfu, lru, s3fifo"):
+    with pytest.raises(ValueError, match="valid: fifo, frecency, gdsf, lfu, lru, s3fifo"):
         get_policy("mru")
     with pytest.raises(TypeError):
         get_policy(42)  # type: ignore[arg-type]

@@ -17,6 +17,7 @@ name or a class makes a fresh one).
 
 Formulas (t = row.last_used_at: the last hit, or the creation time):
     lru       t
+    fifo      the order rows were stored in (hits change nothing; libCacheSim's FIFO)
     lfu       hits                      (ties: least recently used first)
     frecency  t + credit * log2(1 + hits) * 0.5 ** ((now - t) / half_life)
               credit = 3600 s, half_life = 6 h: each doubling of the hit count moves the
@@ -56,6 +57,28 @@ class LRU:
 
     def priority(self, row: RowStats, now: float) -> float:
         return row.last_used_at
+
+
+class FIFO:
+    """First in, first out: the row stored earliest goes first; hits change nothing.
+    A row the policy never saw stored (no `on_insert`) ranks before every stored one."""
+
+    name = "fifo"
+    time_invariant = True   # a row's rank changes only when it is stored (the lab's event ranking)
+
+    def __init__(self) -> None:
+        self._order: dict[str, int] = {}
+        self._next = 0
+
+    def on_insert(self, row: RowStats) -> None:
+        self._order[row.key] = self._next
+        self._next += 1
+
+    def on_remove(self, row: RowStats) -> None:
+        self._order.pop(row.key, None)
+
+    def priority(self, row: RowStats, now: float) -> float:
+        return float(self._order.get(row.key, -1))
 
 
 class LFU:
@@ -130,6 +153,7 @@ class FunctionPolicy:
 
 
 POLICIES: dict[str, type] = {
+    "fifo": FIFO,
     "frecency": Frecency,
     "gdsf": GDSF,
     "lfu": LFU,
@@ -174,6 +198,10 @@ def get_policy(spec: PolicySpec) -> EvictionPolicy:
     """
     if isinstance(spec, str):
         cls = POLICIES.get(spec.lower())
+        if cls is None and spec.lower() in ("belady", "optimal"):
+            raise ValueError(f"{spec!r} needs the future: it is the eviction lab's offline optimum "
+                             f"(workbench.lab.replay(..., ['belady'])), not a policy a cache can run; "
+                             f"valid: {', '.join(sorted(POLICIES))}")
         if cls is None:
             raise ValueError(f"unknown eviction policy {spec!r}; valid: {', '.join(sorted(POLICIES))}")
         return cls()

@@ -17,6 +17,7 @@ from typing import Any
 
 from ..cache import HitKind
 from ..options import RequestOptions
+from . import finished as _finished
 from .events import RequestPhase, Done, Error, Event, FinishReason, Stats, Token, TokenId, TokenLogprob
 from .text import ReplyText
 
@@ -112,14 +113,33 @@ class Request:
             logprobs=tuple(self.logprobs) if self.opts.logprobs is not None else None,
         )
         self.phase = "done"
+        if _finished.listeners:  # before the caller can see its result: see engine/finished.py
+            self._tell_listeners(reason, done.stats, None)
         self.events.put(done)
         self.finished.set()
         return done
 
     def fail(self, reason: BaseException) -> None:
         self.phase = "done"
+        if _finished.listeners:
+            self._tell_listeners("error", self.stats(), reason)
         self.events.put(Error(reason))
         self.finished.set()
+
+    def _tell_listeners(self, reason: str, stats: Stats, error: BaseException | None) -> None:
+        """The finished-request listeners hear of this request (a cancelled one with what it
+        served so far, a failed one with its error); nothing here can keep the request's
+        result from its caller."""
+        try:
+            record = _finished.FinishedRequest(
+                ref=self.ref, model_id=self.model_id, prompt=tuple(self.prompt), generated=tuple(self.generated),
+                kv_tokens=self.n_past, submitted_at=self.submitted_at, finished_at=time.perf_counter(),
+                session_id=self.opts.session_id, cache_scope=self.opts.cache_scope, cache=self.opts.cache,
+                finish_reason=reason, stats=stats, error=error)
+        except Exception:  # noqa: BLE001 - the record is a courtesy; the result is not
+            _finished.log.exception("could not describe request %s to the finished-request listeners", self.ref)
+            return
+        _finished.notify(record)
 
     def stats(self) -> Stats:
         now = time.perf_counter()

@@ -16,10 +16,10 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["chunkrank", "chunks", "chunksim", "default_sizes", "experiment", "measure", "plan",
-           "plot_miss_ratio_curves", "replay", "simcache", "traces"]
+__all__ = ["belady", "chunkrank", "chunks", "chunksim", "default_sizes", "experiment", "measure", "plan",
+           "plot_miss_ratio_curves", "record", "recording", "replay", "simcache", "traces"]
 
-_MODULES = {"chunkrank", "chunks", "chunksim", "experiment", "plan", "simcache", "traces"}
+_MODULES = {"belady", "chunkrank", "chunks", "chunksim", "experiment", "plan", "recording", "simcache", "traces"}
 _NAMES = {"replay", "measure", "plot_miss_ratio_curves", "default_sizes", "DEFAULT_POLICIES"}
 
 
@@ -28,4 +28,7 @@ def __getattr__(name: str) -> Any:
         return importlib.import_module(f"{__name__}.{name}")
     if name in _NAMES:
         return getattr(importlib.import_module(f"{__name__}.experiment"), name)
+    if name == "record":  # lab.record(): a notebook's served requests as a trace (recording.py; a
+        # module named record would shadow this function once imported)
+        return importlib.import_module(f"{__name__}.recording").record
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

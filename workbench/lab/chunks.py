@@ -128,20 +128,23 @@ class ChunkChains:
         return self._register(parent, raw)
 
     def _state(self, path: list[int], segs: list[int], j: int) -> tuple[str | None, bytes]:
-        """The chain state after segment j of this path (-1: the root)."""
-        if j < 0:
-            return None, b""
-        state = self._states.get(path[j])
-        if state is None:
-            parent, leftover = self._state(path, segs, j - 1)
-            raw = leftover + self._segment(segs[j])
+        """The chain state after segment j of this path (-1: the root): from the deepest
+        node before it whose state is known, forward (a loop, not recursion: a literal
+        trace's path has a node per token)."""
+        k = j
+        while k >= 0 and path[k] not in self._states:
+            k -= 1
+        state: tuple[str | None, bytes] = (None, b"") if k < 0 else self._states[path[k]]
+        for m in range(k + 1, j + 1):
+            parent, leftover = state
+            raw = leftover + self._segment(segs[m])
             n_full = len(raw) // (4 * self.size)
             if n_full:
                 parent = self._register(parent, raw[:4 * self.size * n_full])
             leftover = raw[4 * self.size * n_full:]
-            if leftover and tuple(segs[:j + 1]) in self._pinned:  # a mark: the grid restarts here
+            if leftover and self._pinned and tuple(segs[:m + 1]) in self._pinned:  # a mark: the grid restarts
                 parent, leftover = self._register(parent, leftover), b""
-            state = self._states[path[j]] = (parent, leftover)
+            state = self._states[path[m]] = (parent, leftover)
         return state
 
     def _register(self, parent: str | None, raw: bytes) -> str:

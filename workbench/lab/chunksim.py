@@ -74,6 +74,11 @@ class ChunkHit:
     key: str | None
 
 
+def tokens_raw_first(raw: bytes) -> bytes:
+    """The first token of a chunk's token bytes (int32 little-endian)."""
+    return raw[:4]
+
+
 class ChunkSimCache:
     """One tier of `budget_bytes` under `policy`, storing the rows of `tree` as chunks."""
 
@@ -87,6 +92,10 @@ class ChunkSimCache:
         self.index = PrefixIndex(index_block)
         self.chunks: dict[str, Chunk] = {}
         self.kids: dict[str | None, dict[str, None]] = {}   # anchor (None: the namespace) -> chunks
+        # the same, by first token: only chunks starting with a prompt chunk's first token can
+        # agree with it, cover it or be covered by it (`_pick`'s candidates, exactly)
+        self.kids_by_first: dict[tuple[str | None, bytes], dict[str, None]] = {}
+        self._pinned_chunks = 0   # chunks with stats.pinned set (none: `_protect` has no work)
         self.rows: dict[str, Row] = {}
         self.pinned: str | None = None
         self.used = 0
@@ -127,7 +136,8 @@ class ChunkSimCache:
         chain = prompt[:depth]
         if depth < len(prompt):
             rest = prompt[depth]
-            inside = self._pick(chain[-1] if chain else None, lambda k: self._agreement(k, rest))
+            inside = self._pick(chain[-1] if chain else None, tokens_raw_first(self.tree.raw[rest]),
+                                lambda k: self._agreement(k, rest))
             if inside is not None:
                 chain, n = (*chain, inside), n + self._agreement(inside, rest)
         if n and (best is None or n > best.n_tokens):
@@ -165,7 +175,7 @@ class ChunkSimCache:
         if need > self.budget:
             self.too_large += 1
             return False
-        served = self._resolve(chain, n_tokens)
+        served = self._resolve(chain, first >= len(chain) - 1)
         keep = set(chain).union(served or ())
         if self._hooks["on_admit"] is not None:
             for k, nbytes in zip(new, sizes):
@@ -230,21 +240,25 @@ class ChunkSimCache:
         """A stored chunk continuing `anchor` whose tokens extend the tail's."""
         raw = self.tree.raw
         t = raw[tail]
-        return self._pick(anchor, lambda k: len(raw[k]) > len(t) and raw[k].startswith(t))
+        return self._pick(anchor, tokens_raw_first(t), lambda k: len(raw[k]) > len(t) and raw[k].startswith(t))
 
-    def _resolve(self, chain: list[str], n_tokens: int) -> tuple[str, ...] | None:
-        if any(k not in self.chunks for k in chain[:-1]):
+    def _resolve(self, chain: list[str], head_stored: bool) -> tuple[str, ...] | None:
+        """The chunks serving the row of `chain`: the chain, or its tail replaced by a
+        covering chunk; None when one of them is missing. `head_stored`: every chunk but the
+        last is stored (the caller knows it)."""
+        if not head_stored:
             return None
         if chain[-1] in self.chunks:
             return tuple(chain)
         cover = self._cover(chain[-2] if len(chain) > 1 else None, chain[-1])
         return None if cover is None else (*chain[:-1], cover)
 
-    def _pick(self, anchor: str | None, score: Callable[[str], int]) -> str | None:
+    def _pick(self, anchor: str | None, first: bytes, score: Callable[[str], int]) -> str | None:
         """The stored chunk continuing `anchor` with the highest positive score (a bool or a
-        count); ties to the highest seq."""
+        count); ties to the highest seq. Only chunks starting with the token `first` can
+        score (every score is about a common start), so only they are asked."""
         best, best_rank, tied = None, (0, 0), False
-        for k in self.kids.get(anchor, ()):
+        for k in self.kids_by_first.get((anchor, first), ()):
             value = int(score(k))
             if value <= 0:
                 continue
@@ -278,6 +292,7 @@ class ChunkSimCache:
         n = self.tree.tokens[key]
         self.chunks[key] = Chunk(RowStats(key, nbytes, n, now, seq=self._tick()), parent, n == self.size)
         self.kids.setdefault(parent, {})[key] = None
+        self.kids_by_first.setdefault((parent, tokens_raw_first(self.tree.raw[key])), {})[key] = None
         self.used += nbytes
         if self._hooks["on_insert"] is not None:
             self._hooks["on_insert"](self.chunks[key].stats)
@@ -285,7 +300,7 @@ class ChunkSimCache:
 
     def _add_row(self, key: str, namespace: bytes, raw: bytes, n_tokens: int, chain: list[str], mbytes: int,
                  now: float) -> None:
-        served = self._resolve(chain, n_tokens)
+        served = self._resolve(chain, True)   # put made room holding the chain, then added its chunks
         assert served is not None
         self.rows[key] = Row(n_tokens, served, mbytes)
         self.used += mbytes
@@ -301,7 +316,8 @@ class ChunkSimCache:
         if c is None:
             return
         raw = self.tree.raw
-        for t in [t for t in self.kids.get(c.parent, ()) if t != key and not self.chunks[t].full
+        candidates = self.kids_by_first.get((c.parent, tokens_raw_first(raw[key])), ())
+        for t in [t for t in candidates if t != key and not self.chunks[t].full
                   and self._leaf(t) and len(raw[t]) < len(raw[key]) and raw[key].startswith(raw[t])]:
             tail = self.chunks[t]
             for r in tail.rows:
@@ -314,10 +330,13 @@ class ChunkSimCache:
             self._drop_chunk(t, now)
 
     def _protect(self, keys: tuple[str, ...], now: float) -> None:
+        if self.pinned is None and not self._pinned_chunks:
+            return   # nothing pinned, nothing to unpin
         for k in keys:
             c = self.chunks.get(k)
             if c is not None and c.stats.pinned != (self.pinned in c.rows):
                 c.stats.pinned = not c.stats.pinned
+                self._pinned_chunks += 1 if c.stats.pinned else -1
                 self.rank.changed(k, now)
 
     # -- leaving -----------------------------------------------------------------------------
@@ -346,11 +365,17 @@ class ChunkSimCache:
         if key not in self.chunks:
             return   # removing its rows dropped it as an unnamed tail
         del self.chunks[key]
+        self._pinned_chunks -= c.stats.pinned
         self.kids.pop(key, None)
         siblings = self.kids[c.parent]
         del siblings[key]
         if not siblings:
             del self.kids[c.parent]
+        bucket_key = (c.parent, tokens_raw_first(self.tree.raw[key]))
+        bucket = self.kids_by_first[bucket_key]
+        del bucket[key]
+        if not bucket:
+            del self.kids_by_first[bucket_key]
         if key != self._evicting and self._hooks["on_remove"] is not None:
             self._hooks["on_remove"](c.stats)
         self.used -= c.stats.size_bytes

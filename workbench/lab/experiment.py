@@ -38,6 +38,8 @@ from typing import Any
 from workbench.cache.chunk_store import DEFAULT_CHUNK_SIZE  # the lab replays the real cache's default
 from workbench.cache.policies import EvictionPolicy, PolicySpec, get_policy
 from workbench.cache.types import HitKind
+from workbench.lab.belady import LABEL as OPTIMAL
+from workbench.lab.belady import Belady, FutureUses, is_belady
 from workbench.lab.plan import SAVE_KINDS, Plan, build_plan, check_saves, run_plan
 from workbench.lab.simcache import ranking_mode
 from workbench.lab.traces import Trace
@@ -63,6 +65,8 @@ def replay(trace: Trace | Sequence[Sequence[int]], policies: Iterable[PolicySpec
     `policies`: names, classes, instances (deep-copied per budget, the original is left
     alone) or `(row, now) -> priority` functions, as `get_policy` takes them; a function
     whose priority ignores `now` may say so with `fn.time_invariant = True` (faster).
+    'belady' (lab only, labelled "optimal"): the offline optimum, Belady's rule with the
+    trace's future (`belady.py`), the bound the other policies are measured against.
     `sizes`: byte budgets (ints or '2GiB'); None = 8 budgets from 0.5% to 50% of what the
     trace would store without eviction. `trace` may also be a list of token-id sequences.
     `saves` (a subset of checkpoint, agent_prefix, prompt, finish), `checkpoint_every`
@@ -109,14 +113,16 @@ def replay(trace: Trace | Sequence[Sequence[int]], policies: Iterable[PolicySpec
         raise ValueError("replay needs at least one policy")
     labels = _labels(specs)
     # make each policy once now: an unknown name fails here with get_policy's message
-    slow = [ranking_mode(_fresh_policy(spec)) in ("pure", "full") for spec in specs]
+    slow = [not is_belady(spec) and ranking_mode(_fresh_policy(spec)) in ("pure", "full") for spec in specs]
     plan = build_plan(trace, block_size=block_size, saves=saves, checkpoint_every=checkpoint_every,
                       min_tokens=min_tokens, checkpoint_min=checkpoint_min, checkpoint_max=checkpoint_max,
                       chunk_size=chunk_size)
     budgets = _budgets(sizes, plan, bytes_per_token)
     every = max(1, len(trace) // timeline_points) if timeline_points else 0
     jobs = [(p, s) for p in range(len(specs)) for s in budgets]
-    task = _Task(plan, specs, bytes_per_token, every, model is not None)
+    # the optimum's future (one unbounded replay), made once here: forked workers inherit it
+    future = FutureUses.of(plan) if any(is_belady(spec) for spec in specs) else None
+    task = _Task(plan, specs, bytes_per_token, every, model is not None, future)
     # slowest first, so the worker processes finish together
     order = sorted(range(len(jobs)), key=lambda j: (not slow[jobs[j][0]], -jobs[j][1]))
     results: list[dict[str, Any]] = [{}] * len(jobs)
@@ -174,7 +180,9 @@ def _budgets(sizes: Iterable[int | str] | int | str | None, plan: Plan, bpt: int
 def _labels(specs: list[PolicySpec]) -> list[str]:
     labels: list[str] = []
     for spec in specs:
-        if isinstance(spec, str):
+        if is_belady(spec):
+            base = OPTIMAL
+        elif isinstance(spec, str):
             base = spec.lower()
         else:
             base = getattr(spec, "name", None) or getattr(spec, "__name__", None) or type(spec).__name__
@@ -186,8 +194,13 @@ def _labels(specs: list[PolicySpec]) -> list[str]:
     return labels
 
 
-def _fresh_policy(spec: PolicySpec) -> EvictionPolicy:
-    """A policy of its own for one replay: instances are deep-copied (policies keep state)."""
+def _fresh_policy(spec: PolicySpec, future: FutureUses | None = None) -> EvictionPolicy:
+    """A policy of its own for one replay: instances are deep-copied (policies keep state);
+    the optimum ('belady') is made over `future`, the replay's plan's, whatever it was given."""
+    if is_belady(spec):
+        if future is None:
+            raise ValueError("the optimal policy ('belady') needs the trace's future: lab.replay makes it")
+        return Belady(future)
     if not isinstance(spec, type) and isinstance(spec, EvictionPolicy):
         return copy.deepcopy(spec)
     return get_policy(spec)
@@ -200,10 +213,11 @@ class _Task:
     bytes_per_token: int
     timeline_every: int
     record: bool
+    future: FutureUses | None = None   # the plan's future uses, when a policy is the optimum
 
     def __call__(self, job: tuple[int, int]) -> dict[str, Any]:
         p, size = job
-        return run_plan(self.plan, _fresh_policy(self.specs[p]), size, self.bytes_per_token,
+        return run_plan(self.plan, _fresh_policy(self.specs[p], self.future), size, self.bytes_per_token,
                         timeline_every=self.timeline_every, record=self.record)
 
 

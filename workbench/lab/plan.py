@@ -22,7 +22,10 @@ row that is a token prefix; chunks: that, or a chain of chunks, chunksim.py):
     finish      prompt + reply without its last token (n + reply - 1 tokens), if longer
                 than the prompt: a trace's reply ends with its end-of-turn token, which is
                 sampled but never decoded, so the KV a request ends with stops just before
-                it; a one-token reply (the end-of-turn token alone) saves no finish row
+                it; a one-token reply (the end-of-turn token alone) saves no finish row.
+                A reply is one segment, or in a literal trace one segment a token
+                (`Trace.reply`): the row runs along the prompt's path and then the reply's,
+                so a later prompt that repeats prompt + reply matches it as the real index does
 
 A row already cached is not stored again (an agent prefix pins it); where two saves fall on
 one position, the agent prefix wins (one pinned row).
@@ -114,7 +117,7 @@ def build_plan(trace: Trace, *, block_size: int = 16, saves: Iterable[str] = SAV
         first = max(step, -(-checkpoint_min // step) * step)  # the first multiple of step in the band
     seg_len = trace.seg_len.tolist()
     ptr, segs = trace.prompt_ptr.tolist(), trace.prompt_segs.tolist()
-    replies, pin_segs = trace.reply_seg.tolist(), trace.pin_segs.tolist()
+    replies, pin_segs = _replies(trace), trace.pin_segs.tolist()
     prompts = [segs[ptr[i]:ptr[i + 1]] for i in range(len(trace))]
     plens = [sum(seg_len[s] for s in p) for p in prompts]
     ctx = _Contexts(seg_len)
@@ -134,10 +137,10 @@ def build_plan(trace: Trace, *, block_size: int = 16, saves: Iterable[str] = SAV
         if has_row:
             # the prompt row ends before the last prompt token: inside the last segment
             ctx.cut_inside(path[-1], seg_len[prompt[-1]] - 1)
-        r = replies[i]
-        n_fin = n + seg_len[r] - 1 if "finish" in saves and r >= 0 else 0
+        reply = replies[i]
+        n_fin = n + sum(seg_len[s] for s in reply) - 1 if "finish" in saves and reply else 0
         if n_fin > n:
-            ctx.cut([*path, ctx.child(path[-1], r)], [*prompt, r], (n_fin,))
+            ctx.cut(ctx.extend(path, reply), [*prompt, *reply], (n_fin,))
         finish_len.append(n_fin if n_fin > n else 0)
     keys: dict[bytes, str] = {}
 
@@ -158,7 +161,7 @@ def build_plan(trace: Trace, *, block_size: int = 16, saves: Iterable[str] = SAV
         path = paths[i]
         plen = plens[i]
         if finish_len[i]:
-            prompt, path = [*prompt, replies[i]], [*path, ctx.child(path[-1], replies[i])]
+            prompt, path = [*prompt, *replies[i]], ctx.extend(path, replies[i])
         ctx.virtual(path, prompt, vids, cum)
         raw = array.array("i", vids).tobytes()
         plan.prompts.append(raw[:4 * bisect.bisect_left(cum, plen)])
@@ -190,6 +193,14 @@ def build_plan(trace: Trace, *, block_size: int = 16, saves: Iterable[str] = SAV
     return plan
 
 
+def _replies(trace: Trace) -> list[list[int]]:
+    """Each request's reply segments: [reply_seg] or [], a literal trace's from its reply table."""
+    if trace.reply_ptr is None or trace.reply_segs is None:
+        return [[r] if r >= 0 else [] for r in trace.reply_seg.tolist()]
+    ptr, segs = trace.reply_ptr.tolist(), trace.reply_segs.tolist()
+    return [segs[ptr[i]:ptr[i + 1]] for i in range(len(trace))]
+
+
 class _Contexts:
     """Segment paths as trie nodes, and where saved rows end inside a segment.
 
@@ -217,6 +228,13 @@ class _Contexts:
         for s in segs:
             node = self.child(node, s)
             out.append(node)
+        return out
+
+    def extend(self, path: list[int], segs: list[int]) -> list[int]:
+        """`path` continued by the nodes of `segs`."""
+        out = list(path)
+        for s in segs:
+            out.append(self.child(out[-1], s))
         return out
 
     def cut(self, path: list[int], segs: list[int], points: tuple[int, ...]) -> None:
@@ -278,8 +296,11 @@ def run_plan(plan: Plan, policy: EvictionPolicy, size_bytes: int, bytes_per_toke
     started = time.perf_counter()
     prompts, plens, arrival, prefill, finishes = plan.prompts, plan.prompt_len, plan.arrival, plan.prefill, plan.finish
     n = len(prompts)
+    on_request = getattr(policy, "on_request", None)  # lab-only hook: an offline policy's clock
     for i in range(n):
         now, plen = arrival[i], plens[i]
+        if on_request is not None:
+            on_request(i, now)
         hit: Any = None  # the engine skips one-token prompts
         if plen > 1:
             hit = sim.lookup(ns, prompts[i]) if chained is None else sim.lookup(ns, prompts[i], chained[i])  # type: ignore[call-arg]

@@ -234,22 +234,34 @@ MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 LINESTYLES = ("-", "--", "-.", ":")
 
 
+OPTIMAL = "optimal"  # the lab's offline optimum (policy='belady'), drawn as the bound
+
+
 def miss_ratio_curves(replay: pd.DataFrame, *, metric: str = "miss_ratio", ax: Any = None) -> Any:
     """`metric` (miss_ratio, hit_ratio, byte_hit_ratio, prefill_saved_fraction, ...)
     against cache size, one line per policy (each its own marker and line style), log-scale
-    sizes; a policy whose curve equals an earlier one's says so in the legend."""
+    sizes; a policy whose curve equals an earlier one's says so in the legend. The offline
+    optimum (policy 'optimal', `lab.replay(..., ['belady'])`) is a black dashed line,
+    "optimal (Belady)", drawn under the others: the bound they are measured against."""
     if metric not in replay.columns:
         raise ValueError(f"no column {metric!r} in the replay output")
     from workbench.units import format_bytes
 
     fig, ax = _axes(ax)
     drawn: dict[str, pd.Series] = {}
-    for i, (name, part) in enumerate(replay.groupby("policy", observed=True, sort=False)):
+    i = 0
+    for name, part in replay.groupby("policy", observed=True, sort=False):
         curve = part.sort_values("size_bytes").set_index("size_bytes")[metric].astype(float)
         same = next((other for other, c in drawn.items() if c.index.equals(curve.index) and c.equals(curve)), None)
-        ax.plot(curve.index, curve.to_numpy(), marker=MARKERS[i % len(MARKERS)],
-                linestyle=LINESTYLES[i % len(LINESTYLES)], markerfacecolor="none" if i % 2 else None,
-                label=str(name) + (f" (identical to {same})" if same else ""))
+        note = f" (identical to {same})" if same else ""
+        if str(name) == OPTIMAL:
+            ax.plot(curve.index, curve.to_numpy(), color="black", linestyle="--", linewidth=1.5, marker="",
+                    zorder=1.5, label="optimal (Belady)" + note)
+        else:
+            ax.plot(curve.index, curve.to_numpy(), marker=MARKERS[i % len(MARKERS)],
+                    linestyle=LINESTYLES[i % len(LINESTYLES)], markerfacecolor="none" if i % 2 else None,
+                    zorder=2, label=str(name) + note)
+            i += 1
         drawn[str(name)] = curve
     sizes = sorted(set(replay["size_bytes"]))
     ax.set_xscale("log")
