@@ -67,7 +67,7 @@ void raise_not_utf8(py::handle text) {
     }
     try {
         py::object err = py::module_::import("workbench.errors").attr("InvalidOption")("text", value, expected);
-        PyErr_SetObject(err.get_type().ptr(), err.ptr());
+        PyErr_SetObject(py::type::handle_of(err).ptr(), err.ptr());
     } catch (const py::error_already_set &) {
         PyErr_SetString(PyExc_ValueError, ("text: " + expected).c_str());
     }

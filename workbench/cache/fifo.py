@@ -9,6 +9,7 @@ keys until the new one fits).
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 
 
 class FifoQueue:
@@ -65,6 +66,24 @@ class FifoQueue:
     def move_to_tail(self, key: str) -> None:
         """Reinsert a queued key at the tail (a FIFO "second chance")."""
         self._items.move_to_end(key)
+
+    def rotate_while(self, pred: Callable[[str], bool], limit: int) -> int:
+        """Move head keys for which `pred` holds to the tail, one by one, and return how many
+        held: stops at the first key for which it does not (left at the head), or when the
+        `limit`-th key holds (counted, left at the head). S3-FIFO's pass over protected
+        keys, without a method call per key."""
+        items = self._items
+        move = items.move_to_end
+        held = 0
+        while items:
+            key = next(iter(items))
+            if not pred(key):
+                return held
+            held += 1
+            if held >= limit:
+                return held
+            move(key)
+        return held
 
     def admit(self, key: str, size: int) -> bool:
         """FIFO-cache access: True if present (no reordering); else insert, evicting from the

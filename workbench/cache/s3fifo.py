@@ -146,17 +146,13 @@ class S3FIFO:
         return None
 
     def _evict_main(self, is_protected: Callable[[str], bool]) -> str | None:
-        protected_run = 0
-        while self.main:
-            key = self.main.head()
+        main = self.main
+        while main:
+            # protected heads go to the tail (with their freq) until an unprotected one
+            if main.rotate_while(is_protected, len(main)) >= len(main):
+                return None  # a full rotation saw only protected rows
+            key = main.head()
             assert key is not None
-            if is_protected(key):
-                protected_run += 1
-                if protected_run >= len(self.main):
-                    return None  # a full rotation saw only protected rows
-                self.main.move_to_tail(key)
-                continue
-            protected_run = 0
             freq = self._freq[key]
             if freq >= 1:
                 self.main.move_to_tail(key)
