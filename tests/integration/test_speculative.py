@@ -8,7 +8,9 @@ without speculation; draft_tokens / verify answer erllama's questions and name b
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import math
+from typing import Any
 
 import pytest
 
@@ -313,10 +315,17 @@ def test_sampled_speculative_tokens_follow_the_plain_distribution(spec_model):
     plain: dict[int, collections.Counter] = {i: collections.Counter() for i in positions}
     fast: dict[int, collections.Counter] = {i: collections.Counter() for i in positions}
     accepted = 0
-    for seed in range(n):   # distinct seeds on each side: two samples, not one replayed
+
+    def draw(seed: int) -> tuple[Any, Any]:   # distinct seeds on each side: two samples, not one replayed
         a = wb.complete(spec_model, COPY, response_tokens=10, temperature=1.5, top_k=3, seed=seed)
         b = wb.complete(spec_model, COPY, response_tokens=10, temperature=1.5, top_k=3, seed=10**6 + seed,
                         speculative=spec)
+        return a, b
+
+    # four at a time (the model's n_seq_max): the engine batches them, the draws stay independent
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        pairs = list(pool.map(draw, range(n)))
+    for a, b in pairs:
         accepted += b.stats.speculative["accepted"]
         for i in positions:
             plain[i][a.tokens[i] if len(a.tokens) > i else -1] += 1

@@ -201,12 +201,8 @@ class Belady:
                 continue
             found = key
             break
-        if len(aside) > 64:
-            heap.extend(aside)
-            heapq.heapify(heap)
-        else:
-            for entry in aside:
-                heapq.heappush(heap, entry)
+        for entry in aside:   # pushed back one by one: a heapify of the whole heap costs O(units)
+            heapq.heappush(heap, entry)
         if found is not None:
             self._forget(found)
         return found
