@@ -7,6 +7,7 @@ import json
 import random
 import threading
 import time
+from typing import Any
 
 import psutil
 import pytest
@@ -120,8 +121,21 @@ def test_decode_timeout_recreates_the_context(fresh_model):
     assert wb.phase(fresh_model) == "idle"
     info = wb.model_info(fresh_model)
     assert info["available_seqs"] == 2
-    ok = wb.complete(fresh_model, PROMPTS[0], response_tokens=8)     # short steps fit the budget
-    assert ok.finish_reason == "length" and ok.reply == wb.complete(fresh_model, PROMPTS[0], response_tokens=8).reply
+    ok = _complete_within_budget(fresh_model, PROMPTS[0])     # short steps fit the budget
+    assert ok.finish_reason == "length" and ok.reply == _complete_within_budget(fresh_model, PROMPTS[0]).reply
+
+
+def _complete_within_budget(model: str, prompt: str, tries: int = 3) -> Any:
+    """A short completion on the recreated context. On a loaded 2-core machine one short step
+    can still pass the 400 ms budget now and then; a context left unusable would fail every
+    try, so up to `tries` are allowed (each timeout recreates the context again)."""
+    for attempt in range(tries):
+        try:
+            return wb.complete(model, prompt, response_tokens=8)
+        except wb.errors.DecodeTimeout:
+            if attempt == tries - 1:
+                raise
+    raise AssertionError("unreachable")
 
 
 def _stress_round(model: str, rng: random.Random, n: int = 32) -> list[object]:
