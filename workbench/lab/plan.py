@@ -194,11 +194,8 @@ def build_plan(trace: Trace, *, block_size: int = 16, saves: Iterable[str] = SAV
 
 
 def _replies(trace: Trace) -> list[list[int]]:
-    """Each request's reply segments: [reply_seg] or [], a literal trace's from its reply table."""
-    if trace.reply_ptr is None or trace.reply_segs is None:
-        return [[r] if r >= 0 else [] for r in trace.reply_seg.tolist()]
-    ptr, segs = trace.reply_ptr.tolist(), trace.reply_segs.tolist()
-    return [segs[ptr[i]:ptr[i + 1]] for i in range(len(trace))]
+    """Each request's reply segments (`Trace.reply`)."""
+    return [list(trace.reply(i)) for i in range(len(trace))]
 
 
 class _Contexts:
