@@ -42,6 +42,8 @@ PYBIND11_MODULE(_native, m) {
     wb::bind_embed(m);
     wb::bind_speculative(m);
     wb::bind_devices(m);
+    wb::bind_lab(m);
+    wb::bind_eviction(m);
 }
 
 namespace wb {

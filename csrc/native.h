@@ -177,5 +177,7 @@ void bind_chat(py::module_ & m);
 void bind_embed(py::module_ & m);
 void bind_speculative(py::module_ & m);
 void bind_devices(py::module_ & m);
+void bind_lab(py::module_ & m);
+void bind_eviction(py::module_ & m);
 
 }  // namespace wb

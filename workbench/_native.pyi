@@ -4,6 +4,7 @@ Every long call releases the GIL. Bad arguments raise ValueError; failures insid
 llama.cpp raise NativeError (a RuntimeError) carrying llama.cpp's last log lines.
 """
 
+from collections.abc import Callable
 from typing import Any
 
 __version__: str
@@ -220,3 +221,67 @@ class Adapter:
     def meta(self, key: str) -> str | None: ...
 def set_adapters(ctx: Context, adapters: list[Adapter], scales: list[float]) -> None:
     """Apply these adapters at these scales to every sequence of the context ([] clears)."""
+
+class _S3Fifo:
+    """S3-FIFO over small integer keys (csrc/eviction.h); workbench.cache.s3fifo wraps it."""
+
+    def __init__(self, small_ratio: float, ghost_ratio: float, move_to_main_threshold: int) -> None: ...
+    def set_capacity(self, capacity_bytes: int) -> None:
+        """-1: unbounded."""
+    def on_admit(self, key: int) -> None: ...
+    def on_insert(self, key: int, size: int) -> None: ...
+    def on_hit(self, key: int) -> None: ...
+    def on_remove(self, key: int) -> None: ...
+    def tracked(self, key: int) -> bool: ...
+    def alive(self, key: int) -> bool:
+        """Queued, in the ghost, or admitted after a ghost hit."""
+    def in_ghost(self, key: int) -> bool: ...
+    def victim(self, is_protected: Callable[[int], bool]) -> int:
+        """The key to evict (no longer tracked), -1 when every key is protected."""
+    def small_keys(self) -> list[int]: ...
+    def main_keys(self) -> list[int]: ...
+    @property
+    def has_evicted(self) -> bool: ...
+    @property
+    def small_capacity(self) -> int: ...
+    @property
+    def main_capacity(self) -> int: ...
+    @property
+    def empty(self) -> bool: ...
+
+class _Evict:
+    """The submodule workbench._native.evict: the built-in policies' rankings (csrc/eviction.h)."""
+
+    S3Fifo = _S3Fifo
+    @staticmethod
+    def frecency_priority(last_used: float, hits: int, now: float, credit_s: float, half_life_s: float) -> float: ...
+    @staticmethod
+    def gdsf_value(inflation: float, hits: int, n_tokens: int, size_bytes: int) -> float: ...
+
+evict: _Evict
+
+class _LabPlan:
+    """A chunk-model plan as arrays (workbench/lab/native.py builds it); ValueError if inconsistent."""
+
+    def __init__(self, *, chunk_size: int, parent: Any, tok_ptr: Any, toks: Any, row_last: Any, row_tokens: Any,
+                 node_row: Any, plen: Any, arrival: Any, node_ptr: Any, nodes: Any, prompt_last: Any,
+                 save_ptr: Any, save_row: Any, save_kind: Any, finish_row: Any) -> None: ...
+    def row_chain_lengths(self) -> Any: ...
+    @property
+    def n_chunks(self) -> int: ...
+    @property
+    def n_rows(self) -> int: ...
+    @property
+    def n_requests(self) -> int: ...
+
+class _Lab:
+    """The submodule workbench._native.lab: the eviction lab's native replay (csrc/lab_replay.cpp)."""
+
+    Plan = _LabPlan
+    @staticmethod
+    def replay(plan: _LabPlan, policy: str, params: dict[str, Any], budget: int, chunk_bytes: Any,
+               manifest_bytes: Any, bytes_per_token: int, timeline_every: int, record: bool) -> dict[str, Any]:
+        """run_plan's loop for a built-in policy (lru, lfu, fifo, gdsf, frecency, s3fifo): counters,
+        the timeline and, with record, each request's hit kind code and prefill saved."""
+
+lab: _Lab

@@ -25,18 +25,26 @@ Formulas (t = row.last_used_at: the last hit, or the creation time):
     gdsf      L + freq * cost / size    computed at insert and on each hit, where
               freq = hits + 1, cost = n_tokens (prefill saved), size = size_bytes, and
               L (inflation) = the priority of the last evicted row
+
+The formulas with arithmetic (frecency, gdsf) and S3-FIFO are computed in csrc/eviction.h
+(`workbench._native.evict`), their one definition, shared with the eviction lab's native
+replay (lab/native.py); lru, lfu and fifo are the row's own fields. A built-in policy says
+how the lab replays it natively (`native_spec`).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
+from workbench._native import evict as _evict
 from workbench.cache.s3fifo import S3FIFO
 from workbench.cache.types import RowStats
 
 PriorityFn = Callable[[RowStats, float], float]
+#: How the eviction lab's native replay runs a built-in policy (`native_spec()`: its name and
+#: parameters, or None when it cannot: a subclass, or an instance that already holds state)
+NativeSpec = tuple[str, dict[str, float]]
 
 
 @runtime_checkable
@@ -57,6 +65,9 @@ class LRU:
 
     def priority(self, row: RowStats, now: float) -> float:
         return row.last_used_at
+
+    def native_spec(self) -> NativeSpec | None:
+        return ("lru", {}) if type(self) is LRU else None
 
 
 class FIFO:
@@ -80,6 +91,9 @@ class FIFO:
     def priority(self, row: RowStats, now: float) -> float:
         return float(self._order.get(row.key, -1))
 
+    def native_spec(self) -> NativeSpec | None:
+        return ("fifo", {}) if type(self) is FIFO and not self._order and not self._next else None
+
 
 class LFU:
     """Least frequently used: the fewest hits go first (ties: least recently used)."""
@@ -88,6 +102,9 @@ class LFU:
 
     def priority(self, row: RowStats, now: float) -> float:
         return float(row.hits)
+
+    def native_spec(self) -> NativeSpec | None:
+        return ("lfu", {}) if type(self) is LFU else None
 
 
 class Frecency:
@@ -102,12 +119,12 @@ class Frecency:
         self.half_life_s = half_life_s
 
     def priority(self, row: RowStats, now: float) -> float:
-        t = row.last_used_at
-        if row.hits <= 0:
-            return t
-        age = max(0.0, now - t)
-        bonus = self.credit_s * math.log2(1 + row.hits) * 0.5 ** (age / self.half_life_s)
-        return t + bonus
+        return _evict.frecency_priority(row.last_used_at, row.hits, now, self.credit_s, self.half_life_s)
+
+    def native_spec(self) -> NativeSpec | None:
+        if type(self) is not Frecency:
+            return None
+        return ("frecency", {"credit_s": float(self.credit_s), "half_life_s": float(self.half_life_s)})
 
 
 class GDSF:
@@ -120,9 +137,7 @@ class GDSF:
         self._h: dict[str, float] = {}
 
     def _value(self, row: RowStats) -> float:
-        cost = max(1, row.n_tokens)
-        size = max(1, row.size_bytes)
-        return self.inflation + (row.hits + 1) * cost / size
+        return _evict.gdsf_value(self.inflation, row.hits, row.n_tokens, row.size_bytes)
 
     def on_insert(self, row: RowStats) -> None:
         self._h[row.key] = self._value(row)
@@ -139,6 +154,9 @@ class GDSF:
     def priority(self, row: RowStats, now: float) -> float:
         h = self._h.get(row.key)
         return self._value(row) if h is None else h
+
+    def native_spec(self) -> NativeSpec | None:
+        return ("gdsf", {}) if type(self) is GDSF and not self.inflation and not self._h else None
 
 
 class FunctionPolicy:

@@ -30,18 +30,38 @@ with its freq intact, at the head of small it graduates to main. When every rema
 is protected `victim` returns None and the cache retries with nothing protected. A row too
 large for the small queue goes straight to main (libCacheSim would refuse to cache it).
 Without a capacity (an unbounded tier) small never counts as full and there is no ghost.
+
+The algorithm is coded once, in csrc/eviction.h (`workbench._native.evict.S3Fifo`), and used
+by this class (the cache's policy, over interned keys) and by the eviction lab's native
+replay alike.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from workbench.cache.fifo import FifoQueue
+from workbench._native import evict as _evict
 from workbench.cache.types import RowStats
 
 
 def _never(key: str) -> bool:
     return False
+
+
+class _Queue:
+    """A read-only view of one of S3-FIFO's queues (keys from head to tail)."""
+
+    def __init__(self, keys: list[str]) -> None:
+        self._keys = keys
+
+    def keys(self) -> list[str]:
+        return list(self._keys)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def __bool__(self) -> bool:
+        return bool(self._keys)
 
 
 class S3FIFO:
@@ -59,68 +79,60 @@ class S3FIFO:
     ) -> None:
         if not 0.0 < small_ratio < 1.0:
             raise ValueError(f"small_ratio must be in (0, 1), got {small_ratio}")
+        if isinstance(move_to_main_threshold, bool) or not isinstance(move_to_main_threshold, int) \
+                or move_to_main_threshold < 1:
+            raise ValueError(f"move_to_main_threshold must be an int >= 1, got {move_to_main_threshold!r}")
         self.small_ratio = small_ratio
         self.ghost_ratio = ghost_ratio
         self.move_to_main_threshold = move_to_main_threshold
-        self.small = FifoQueue()
-        self.main = FifoQueue()
-        self.ghost: FifoQueue | None = None
-        self.main_capacity: int | None = None
-        self.has_evicted = False
-        self._freq: dict[str, int] = {}
-        self._ghost_hits: set[str] = set()
+        self._core = _evict.S3Fifo(small_ratio, ghost_ratio, move_to_main_threshold)
+        self._ids: dict[str, int] = {}       # key -> the core's small integer
+        self._keys: list[str | None] = []    # and back
+        self._free: list[int] = []
+        self._sweep_at = 1024
         self._ranks: dict[str, int] | None = None
         self.set_capacity(capacity_bytes)
 
     def set_capacity(self, capacity_bytes: int | None) -> None:
         """Size the queues for a tier budget (the cache calls this when binding a tier)."""
-        if capacity_bytes is None:
-            self.small.capacity = None
-            self.main_capacity = None
-            self.ghost = None
-            return
-        small = int(capacity_bytes * self.small_ratio)
-        self.small.capacity = small
-        self.main_capacity = capacity_bytes - small
-        ghost = int(capacity_bytes * self.ghost_ratio)
-        if ghost <= 0:
-            self.ghost = None
-        elif self.ghost is None:
-            self.ghost = FifoQueue(ghost)
-        else:
-            self.ghost.capacity = ghost
+        self._core.set_capacity(-1 if capacity_bytes is None else max(0, int(capacity_bytes)))
+
+    @property
+    def small(self) -> _Queue:
+        return _Queue([self._key(i) for i in self._core.small_keys()])
+
+    @property
+    def main(self) -> _Queue:
+        return _Queue([self._key(i) for i in self._core.main_keys()])
+
+    @property
+    def main_capacity(self) -> int | None:
+        cap = self._core.main_capacity
+        return None if cap < 0 else int(cap)
+
+    @property
+    def has_evicted(self) -> bool:
+        return bool(self._core.has_evicted)
 
     # -- hooks called by the cache ---------------------------------------------------------
     def on_admit(self, row: RowStats) -> None:
-        if self.ghost is not None and self.ghost.remove(row.key):
-            self._ghost_hits.add(row.key)
+        i = self._ids.get(row.key)   # a key never interned is in no queue and not in the ghost
+        if i is not None:
+            self._core.on_admit(i)
 
     def on_insert(self, row: RowStats) -> None:
-        key, size = row.key, row.size_bytes
-        if key in self._freq:
-            return
-        small_cap = self.small.capacity
-        if key in self._ghost_hits:
-            self._ghost_hits.discard(key)
-            self.main.push(key, size)
-        elif small_cap is not None and size >= small_cap:
-            self.main.push(key, size)
-        elif not self.has_evicted and small_cap is not None and self.small.bytes >= small_cap:
-            self.main.push(key, size)
-        else:
-            self.small.push(key, size)
-        self._freq[key] = 0
+        self._core.on_insert(self._intern(row.key), row.size_bytes)
         self._ranks = None
 
     def on_hit(self, row: RowStats) -> None:
-        if row.key in self._freq:
-            self._freq[row.key] += 1
+        i = self._ids.get(row.key)
+        if i is not None:
+            self._core.on_hit(i)
 
     def on_remove(self, row: RowStats) -> None:
-        key = row.key
-        self._ghost_hits.discard(key)
-        if self._freq.pop(key, None) is not None:
-            self.small.remove(key) or self.main.remove(key)
+        i = self._ids.get(row.key)
+        if i is not None:
+            self._core.on_remove(i)
             self._ranks = None
 
     def on_evict(self, row: RowStats) -> None:
@@ -129,53 +141,17 @@ class S3FIFO:
     # -- eviction --------------------------------------------------------------------------
     def victim(self, is_protected: Callable[[str], bool] = _never) -> str | None:
         """Choose, and stop tracking, the next row to evict; None if all are protected."""
-        self.has_evicted = True
         self._ranks = None
-        while self.small or self.main:
-            main_over = self.main_capacity is not None and self.main.bytes > self.main_capacity
-            if main_over or not self.small:
-                key = self._evict_main(is_protected)
-                if key is None:
-                    if not self.small:
-                        return None
-                    key = self._evict_small(is_protected)
-            else:
-                key = self._evict_small(is_protected)
-            if key is not None:
-                return key
-        return None
+        keys = self._keys
+        picked = self._core.victim(lambda i: is_protected(keys[i]))  # type: ignore[arg-type]
+        return None if picked < 0 else self._key(picked)
 
-    def _evict_main(self, is_protected: Callable[[str], bool]) -> str | None:
-        main = self.main
-        while main:
-            # protected heads go to the tail (with their freq) until an unprotected one
-            if main.rotate_while(is_protected, len(main)) >= len(main):
-                return None  # a full rotation saw only protected rows
-            key = main.head()
-            assert key is not None
-            freq = self._freq[key]
-            if freq >= 1:
-                self.main.move_to_tail(key)
-                self._freq[key] = min(freq, 3) - 1
-            else:
-                self.main.remove(key)
-                del self._freq[key]
-                return key
-        return None
-
-    def _evict_small(self, is_protected: Callable[[str], bool]) -> str | None:
-        while self.small:
-            key, size = self.small.pop_head()
-            if is_protected(key) or self._freq[key] >= self.move_to_main_threshold:
-                self.main.push(key, size)
-                if not is_protected(key):
-                    self._freq[key] = 0
-                continue
-            del self._freq[key]
-            if self.ghost is not None:
-                self.ghost.admit(key, size)
-            return key
-        return None
+    def native_spec(self) -> tuple[str, dict[str, float]] | None:
+        """The eviction lab's native replay of a fresh S3FIFO (policies.NativeSpec)."""
+        if type(self) is not S3FIFO or not self._core.empty or self._core.has_evicted or self._ids:
+            return None
+        return ("s3fifo", {"small_ratio": float(self.small_ratio), "ghost_ratio": float(self.ghost_ratio),
+                           "move_to_main_threshold": self.move_to_main_threshold})
 
     # -- display ---------------------------------------------------------------------------
     def priority(self, row: RowStats, now: float) -> float:
@@ -185,3 +161,32 @@ class S3FIFO:
             order = self.small.keys() + self.main.keys()
             self._ranks = {key: i for i, key in enumerate(order)}
         return float(self._ranks.get(row.key, -1))
+
+    # -- keys ------------------------------------------------------------------------------
+    def _key(self, i: int) -> str:
+        key = self._keys[i]
+        assert key is not None
+        return key
+
+    def _intern(self, key: str) -> int:
+        i = self._ids.get(key)
+        if i is not None:
+            return i
+        if len(self._ids) >= self._sweep_at:
+            self._sweep()
+        i = self._free.pop() if self._free else len(self._keys)
+        if i == len(self._keys):
+            self._keys.append(key)
+        else:
+            self._keys[i] = key
+        self._ids[key] = i
+        return i
+
+    def _sweep(self) -> None:
+        """Forget keys the core no longer holds (evicted and out of the ghost): bounded memory."""
+        for key, i in list(self._ids.items()):
+            if not self._core.alive(i):
+                del self._ids[key]
+                self._keys[i] = None
+                self._free.append(i)
+        self._sweep_at = max(1024, 2 * len(self._ids))
