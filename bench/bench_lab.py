@@ -5,10 +5,15 @@ Loads Mooncake's conversation trace (``lab.traces.mooncake``), builds the lab's 
 through each policy at one budget (``plan.run_plan``, one core) and reports:
 
     plan_s            building the plan (shared by every policy and budget)
-    replay_s          one policy at one budget, the whole trace
+    arrays_s          the plan as arrays for the native replay (lab/native.py; once, shared)
+    replay_s          one policy at one budget, the whole trace: built-in policies replay
+                      natively (csrc/lab_replay.cpp), `fn-lru` is LRU's priority written as
+                      a Python function (time_invariant), the path any user policy takes
     chunk_lookups     chunks of every prompt's own chain: what a replay looks up (the
                       issue's "about 2.3M chunk lookups at 64-token chunks")
-    lookups_per_s     chunk_lookups / replay_s: the lab's "chunk operations a second"
+    lookups_per_s     chunk_lookups / replay_s
+    chunk_ops_per_s   (lookups + chunks written + chunks evicted) / replay_s: every chunk a
+                      replay looks up, stores or evicts
     lcs_s / lcs_ops_per_s / ratio
                       libCacheSim (the reference simulator, C) replaying the same chunk
                       lookups as an object trace (object = chunk, size = the chunk's file
@@ -40,6 +45,8 @@ import numpy as np
 from workbench.cache.chunk_format import chunk_file_size
 from workbench.cache.policies import get_policy
 from workbench.lab import traces
+from workbench.cache.types import RowStats
+from workbench.lab.native import native_plan
 from workbench.lab.plan import Plan, build_plan, run_plan
 
 BPT = 23_040  # bytes per token: the lab's default (SmolLM2-135M f16 K+V)
@@ -93,6 +100,18 @@ def lcs_replay(name: str, path: str, cache_bytes: int) -> tuple[float, float]:
     return time.perf_counter() - t, miss_ratio
 
 
+def lru_function(row: RowStats, now: float) -> float:
+    """LRU as a user would write it: the Python path's speed."""
+    return row.last_used_at
+
+
+lru_function.time_invariant = True  # type: ignore[attr-defined]
+
+
+def make_policy(name: str) -> Any:
+    return get_policy(lru_function) if name == "fn-lru" else get_policy(name)
+
+
 def speed(args: argparse.Namespace) -> list[dict[str, Any]]:
     t = time.perf_counter()
     trace = load(args.trace, args.requests)
@@ -100,10 +119,13 @@ def speed(args: argparse.Namespace) -> list[dict[str, Any]]:
     t = time.perf_counter()
     plan = build_plan(trace, chunk_size=args.chunk_size)
     plan_s = time.perf_counter() - t
+    t = time.perf_counter()
+    native_plan(plan)
+    arrays_s = time.perf_counter() - t
     lookups = sum(len(c) for c in plan.prompt_chunks or ())
     budget = int(args.capacity * BPT)
-    print(f"{trace!r}: load {load_s:.2f} s, plan {plan_s:.2f} s, {lookups:,} chunk lookups, "
-          f"budget {args.capacity:,.0f} tokens")
+    print(f"{trace!r}: load {load_s:.2f} s, plan {plan_s:.2f} s, arrays {arrays_s:.2f} s, {lookups:,} chunk "
+          f"lookups, budget {args.capacity:,.0f} tokens")
     obj, size = chunk_objects(plan, BPT)
     out = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -111,11 +133,12 @@ def speed(args: argparse.Namespace) -> list[dict[str, Any]]:
         write_oracle(oracle, obj, size)
         for name in args.policies:
             t = time.perf_counter()
-            res = run_plan(plan, get_policy(name), budget, BPT)
+            res = run_plan(plan, make_policy(name), budget, BPT)
             replay_s = time.perf_counter() - t
-            row = {"policy": name, "requests": len(trace), "plan_s": plan_s, "replay_s": replay_s,
-                   "chunk_lookups": lookups, "lookups_per_s": lookups / replay_s,
-                   "saved_fraction": res["prefill_saved_fraction"]}
+            ops = lookups + res["chunks_written"] + res["evictions"]
+            row = {"policy": name, "requests": len(trace), "plan_s": plan_s, "arrays_s": arrays_s,
+                   "replay_s": replay_s, "chunk_lookups": lookups, "lookups_per_s": lookups / replay_s,
+                   "chunk_ops_per_s": ops / replay_s, "saved_fraction": res["prefill_saved_fraction"]}
             if name in LCS_POLICIES:
                 lcs_s, miss = lcs_replay(LCS_POLICIES[name], oracle, budget)
                 row |= {"lcs_s": lcs_s, "lcs_ops_per_s": lookups / lcs_s, "ratio": lcs_s / replay_s,
@@ -181,7 +204,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--trace", default="conversation", choices=("conversation", "synthetic"))
     p.add_argument("--requests", type=int, default=None, help="the first N requests (default: all)")
-    p.add_argument("--policies", default="lru,lfu,frecency,gdsf,s3fifo")
+    p.add_argument("--policies", default="lru,lfu,fifo,frecency,gdsf,s3fifo",
+                   help="built-in names, and fn-lru (LRU as a Python function: the user-policy path)")
     p.add_argument("--capacity", type=float, default=3e6, help="cache capacity in tokens")
     p.add_argument("--chunk-size", type=int, default=64)
     p.add_argument("--figure9", action="store_true")
