@@ -183,3 +183,33 @@ def test_a_broken_plan_is_a_value_error_not_a_crash() -> None:
         _native.lab.replay(plan, "belady", {}, 10, np.array([1, 1], np.int64), np.array([1], np.int64), 1, 0, False)
     with pytest.raises(ValueError, match="sizes differ"):
         _native.lab.replay(plan, "lru", {}, 10, np.array([1], np.int64), np.array([1], np.int64), 1, 0, False)
+
+
+def test_a_second_replay_of_the_same_trace_reuses_its_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    from workbench import lab
+    from workbench.lab import experiment
+
+    built: list[dict[str, Any]] = []
+    real = experiment.build_plan
+
+    def counting(trace: Trace, **settings: Any) -> Any:
+        built.append(settings)
+        return real(trace, **settings)
+
+    monkeypatch.setattr(experiment, "build_plan", counting)
+    trace = traces.multi_turn_chats(60, seed=8)
+    first = lab.replay(trace, ["lru"], [10**8], workers=1)
+    again = lab.replay(trace, ["gdsf", "lru"], [10**8, 10**9], workers=1)
+    assert len(built) == 1
+    cols = ["exact_hits", "partial_hits", "misses", "prefill_tokens_saved", "evictions", "bytes_end"]
+    lru_again = again[(again["policy"] == "lru") & (again["size_bytes"] == 10**8)]
+    assert first[cols].to_numpy().tolist() == lru_again[cols].to_numpy().tolist()
+    lab.replay(trace, ["lru"], [10**8], workers=1, chunk_size=16)    # other settings: another plan
+    lab.replay(traces.multi_turn_chats(60, seed=8), ["lru"], [10**8], workers=1)   # another trace object
+    assert len(built) == 3
+    kept = len(experiment._PLANS)
+    del trace
+    import gc
+
+    gc.collect()
+    assert len(experiment._PLANS) < kept   # a trace's plans go with it

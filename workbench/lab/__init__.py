@@ -16,11 +16,14 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["belady", "chunkrank", "chunks", "chunksim", "default_sizes", "experiment", "measure", "plan",
+__all__ = ["DEFAULT_BYTES_PER_TOKEN", "belady", "chunkrank", "chunks", "chunksim", "default_sizes", "experiment",
+           "measure", "native", "plan",
            "plot_miss_ratio_curves", "record", "recording", "replay", "simcache", "traces"]
 
-_MODULES = {"belady", "chunkrank", "chunks", "chunksim", "experiment", "plan", "recording", "simcache", "traces"}
-_NAMES = {"replay", "measure", "plot_miss_ratio_curves", "default_sizes", "DEFAULT_POLICIES"}
+_MODULES = {"belady", "chunkrank", "chunks", "chunksim", "experiment", "native", "plan", "recording", "simcache",
+            "traces"}
+_NAMES = {"replay", "measure", "plot_miss_ratio_curves", "default_sizes", "DEFAULT_POLICIES",
+          "DEFAULT_BYTES_PER_TOKEN"}
 
 
 def __getattr__(name: str) -> Any:

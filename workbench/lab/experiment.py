@@ -30,6 +30,8 @@ from __future__ import annotations
 import copy
 import os
 import time
+import weakref
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -92,6 +94,11 @@ def replay(trace: Trace | Sequence[Sequence[int]], policies: Iterable[PolicySpec
     `workers`: processes for the (policy, size) pairs; None = the usable cores (forked, so
     functions need not pickle), 1 = in this process.
 
+    The plan (what every request looks up and saves, cut into chunks) is built once per
+    call and kept for the next `replay` of the same trace object with the same settings
+    (the last two plans, while their trace lives): a second call with other policies or
+    budgets starts replaying at once. Built-in policies replay natively (`native.py`).
+
     `chunk_size` (tokens, default the cache's DEFAULT_CHUNK_SIZE, 64): the chunk model (`chunksim.py`, the chunk store's
     rules): rows are manifests over chunks keyed by `keys.chunk_keys`, a shared prefix
     stored once, lookups of rows or chains of chunks, leaves evicted first, the policy
@@ -114,9 +121,9 @@ def replay(trace: Trace | Sequence[Sequence[int]], policies: Iterable[PolicySpec
     labels = _labels(specs)
     # make each policy once now: an unknown name fails here with get_policy's message
     slow = [not is_belady(spec) and ranking_mode(_fresh_policy(spec)) in ("pure", "full") for spec in specs]
-    plan = build_plan(trace, block_size=block_size, saves=saves, checkpoint_every=checkpoint_every,
-                      min_tokens=min_tokens, checkpoint_min=checkpoint_min, checkpoint_max=checkpoint_max,
-                      chunk_size=chunk_size)
+    plan = _plan(trace, block_size=block_size, saves=check_saves(saves), checkpoint_every=checkpoint_every,
+                 min_tokens=min_tokens, checkpoint_min=checkpoint_min, checkpoint_max=checkpoint_max,
+                 chunk_size=chunk_size)
     budgets = _budgets(sizes, plan, bytes_per_token)
     every = max(1, len(trace) // timeline_points) if timeline_points else 0
     jobs = [(p, s) for p in range(len(specs)) for s in budgets]
@@ -167,6 +174,25 @@ def default_sizes(plan: Plan, bytes_per_token: int, points: int = 8) -> list[int
 
 
 # --- internals ------------------------------------------------------------------------------------
+
+_PLANS: OrderedDict[tuple[int, tuple[tuple[str, Any], ...]], tuple[weakref.ref[Trace], Plan]] = OrderedDict()
+PLANS_KEPT = 2  # the plans of the last replays, for the next replay of the same trace and settings
+
+
+def _plan(trace: Trace, **settings: Any) -> Plan:
+    """`build_plan`, kept for the next replay of the same trace object with the same settings
+    (a plan is read-only to replays; at 64-token chunks a production trace's takes seconds
+    to build): the last PLANS_KEPT, each as long as its trace lives."""
+    key = (id(trace), tuple(sorted(settings.items())))
+    hit = _PLANS.get(key)
+    if hit is not None and hit[0]() is trace:
+        _PLANS.move_to_end(key)
+        return hit[1]
+    plan = build_plan(trace, **settings)
+    _PLANS[key] = (weakref.ref(trace, lambda _: _PLANS.pop(key, None)), plan)
+    while len(_PLANS) > PLANS_KEPT:
+        _PLANS.popitem(last=False)
+    return plan
 
 def _budgets(sizes: Iterable[int | str] | int | str | None, plan: Plan, bpt: int) -> list[int]:
     if sizes is None:

@@ -228,6 +228,10 @@ class Trace:
                 **self.params}
 
     def __repr__(self) -> str:
+        if self.literal:   # segment s is token s: count the tokens the trace uses
+            used = [self.prompt_segs] if self.reply_segs is None else [self.prompt_segs, self.reply_segs]
+            tokens = len(np.unique(np.concatenate(used)))
+            return f"<Trace {self.name!r}: {len(self)} requests, {tokens} distinct tokens>"
         return f"<Trace {self.name!r}: {len(self)} requests, {len(self.seg_len)} segments>"
 
     # -- files -------------------------------------------------------------------------------
