@@ -42,6 +42,7 @@ from workbench.cache.policies import EvictionPolicy, PolicySpec, get_policy
 from workbench.cache.types import HitKind
 from workbench.lab.belady import LABEL as OPTIMAL
 from workbench.lab.belady import Belady, FutureUses, is_belady
+from workbench.lab.native import native_plan
 from workbench.lab.plan import SAVE_KINDS, Plan, build_plan, check_saves, run_plan
 from workbench.lab.simcache import ranking_mode
 from workbench.lab.traces import Trace
@@ -129,6 +130,8 @@ def replay(trace: Trace | Sequence[Sequence[int]], policies: Iterable[PolicySpec
     jobs = [(p, s) for p in range(len(specs)) for s in budgets]
     # the optimum's future (one unbounded replay), made once here: forked workers inherit it
     future = FutureUses.of(plan) if any(is_belady(spec) for spec in specs) else None
+    if plan.chunks is not None and any(_native_spec(spec) is not None for spec in specs):
+        native_plan(plan)   # the native replay's arrays, once here: forked workers inherit them
     task = _Task(plan, specs, bytes_per_token, every, model is not None, future)
     # slowest first, so the worker processes finish together
     order = sorted(range(len(jobs)), key=lambda j: (not slow[jobs[j][0]], -jobs[j][1]))
@@ -218,6 +221,14 @@ def _labels(specs: list[PolicySpec]) -> list[str]:
             label, k = f"{base}#{k}", k + 1
         labels.append(label)
     return labels
+
+
+def _native_spec(spec: PolicySpec) -> Any:
+    """The policy's `native_spec()` (None: it replays through the Python chunk model)."""
+    if is_belady(spec):
+        return None
+    spec_of = getattr(_fresh_policy(spec), "native_spec", None)
+    return None if spec_of is None else spec_of()
 
 
 def _fresh_policy(spec: PolicySpec, future: FutureUses | None = None) -> EvictionPolicy:
