@@ -1,8 +1,8 @@
 """A slow, obvious replay of a trace through a real TieredCache with real token ids: the
 reference the eviction lab's fast replay (virtual tokens, SimCache) must agree with under
-eviction, at budgets a real model run would take too long to fill. The engine's rules
-themselves are checked against the engine (test_lab_model.py, request by request); the
-hit kinds here come from the one definition, HitKind."""
+eviction, at budgets a real model run would take too long to fill. The save rule and the hit
+kinds are the engine's own (cache/save_rule.py, HitKind), checked against the engine itself
+in test_lab_model.py, request by request; what this checks is the lab's replay of them."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any
 
 from workbench.cache import CacheNamespace, HitKind, RamTier, TieredCache
 from workbench.cache.policies import PolicySpec
+from workbench.cache.save_rule import SaveSettings, prefill_saves
 from workbench.lab.traces import Trace
 
 NS = CacheNamespace("cd" * 32, scope="reference")
@@ -31,9 +32,8 @@ def reference_replay(trace: Trace, policy: PolicySpec, size_bytes: int, bytes_pe
                             block_size=block_size)
     else:
         cache = cache_factory(size_bytes, policy, lambda: clock[0])
-    step = None
-    if "checkpoint" in saves and checkpoint_every is not None:
-        step = -(-checkpoint_every // block_size) * block_size
+    rule = SaveSettings(checkpoint_every if "checkpoint" in saves else None, checkpoint_min, checkpoint_max,
+                        min_tokens)
     out = []
     for i in range(len(trace)):
         req = trace[i]
@@ -53,27 +53,18 @@ def reference_replay(trace: Trace, policy: PolicySpec, size_bytes: int, bytes_pe
         def put(n: int, why: str, prompt: list[int] = prompt, **kw: Any) -> None:
             cache.put(NS, prompt[:n], b"\0" * (n * bytes_per_token), why, **kw)
 
-        points: dict[int, tuple[str, dict[str, Any]]] = {}
-        if step:
-            for pos in range(step, plen - 1, step):
-                if pos > start and checkpoint_min <= pos and (checkpoint_max is None or pos <= checkpoint_max):
-                    points[pos] = (reason, {})
         agent = None
         if "agent_prefix" in saves and req.pin_segments:
             agent = sum(int(trace.seg_len[s]) for s in req.prompt[:req.pin_segments])
-        if "prompt" in saves and plen - 1 >= min_tokens and plen - 1 > start and agent != plen:
-            points[plen - 1] = (reason, {})  # the prompt without its last token
-        if agent is not None:
-            if agent > start:
-                points[agent] = ("agent_prefix", {})
-            else:
-                from workbench.cache.keys import row_key
+        if agent is not None and agent <= start:   # pinned at admission, before any save
+            from workbench.cache.keys import row_key
 
-                key = row_key(NS.digest(), prompt[:agent])
-                if key in cache:
-                    cache.pin(key)
-        for pos, (why, kw) in sorted(points.items()):
-            put(pos, why, **kw)
+            key = row_key(NS.digest(), prompt[:agent])
+            if key in cache:
+                cache.pin(key)
+        for pos, what in prefill_saves(plen, start, rule, agent=agent):   # the engine's rule
+            if what in saves:
+                put(pos, "agent_prefix" if what == "agent_prefix" else reason)
         if "finish" in saves and req.reply is not None:
             full = prompt + trace.segment_tokens(req.reply)
             n = len(full) - 1  # the end-of-turn token is sampled, never decoded

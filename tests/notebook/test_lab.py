@@ -91,11 +91,11 @@ def test_an_agent_prefix_of_the_whole_prompt_replaces_the_prompt_row() -> None:
 
 
 def test_one_token_prompts_are_never_looked_up() -> None:
-    # block 1, a checkpoint every token: [5, 6, 7] saves [5] (checkpoint at 1) and [5, 6]
+    # a checkpoint every token: [5, 6, 7] saves [5] (checkpoint at 1) and [5, 6]
     # (its prompt row); the prompt [5] then matches [5], but the engine skips the lookup of a
     # one-token prompt (nothing could be reused), so it is cold and reads nothing
     trace = Trace.from_prompts([[5, 6, 7], [5], [5, 6, 7]])
-    plan = build_plan(trace, block_size=1, checkpoint_every=1, min_tokens=1)
+    plan = build_plan(trace, checkpoint_every=1, min_tokens=1)
     got = run_plan(plan, get_policy("lru"), 100, 1, record=True)["_requests"]
     assert got == [("cold", 0), ("cold", 0), ("exact", 2)]
     assert got == reference_replay(trace, "lru", 100, 1, block_size=1, checkpoint_every=1, min_tokens=1)

@@ -1,5 +1,6 @@
 """An adopt-only rescan of a chunk store's directories while other processes (live peers:
-the replicas of a cluster, two notebooks) write to them too.
+the replicas of a cluster, two notebooks) write to them too. The rescan sees the store
+through ``PeerHost``; what it remembers between looks is the caller's ``PeerMemo``.
 
 The start-up scan (chunk_tier_scan.py) may delete what it cannot place, because at start-up
 nobody else writes. Against a live peer that would delete what is only in flight: a tail
@@ -31,10 +32,11 @@ process accounts what its own catalog holds (its own writes and what it adopted)
 from __future__ import annotations
 
 import os
-from collections.abc import Container, Iterable
+from collections.abc import Container, Iterable, Mapping, MutableMapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from workbench.cache.chunk_backends import ChunkDir
 from workbench.cache.chunk_format import (
@@ -47,13 +49,38 @@ from workbench.cache.chunk_format import (
     read_chunk,
     read_manifest,
 )
-from workbench.cache.chunk_tier_scan import adopt_manifest, adopt_parent_first
+from workbench.cache.chunk_catalog import ChunkInfo
+from workbench.cache.chunk_tier_moves import TierMoves
+from workbench.cache.chunk_tier_scan import ScanHost, adopt_parent_first
 from workbench.cache.chunk_tiers import ChunkTier
 from workbench.cache.format import CorruptRow
 from workbench.cache.store import TMP_MARK
 
-if TYPE_CHECKING:
-    from workbench.cache.chunk_store import ChunkStore
+
+class PeerHost(ScanHost, Protocol):
+    """What the peer rescan sees of its store (`chunk_store.ChunkStore` is one): a scan's
+    view, plus the lock, the moves in flight (``moves``: held, moving, being written, built
+    on), and what forgetting a chunk or a row takes: the catalog's ``pop_chunk`` /
+    ``pop_row``, the metas, the manifests' tiers and the byte count ``used``."""
+
+    used: int
+
+    @property
+    def lock(self) -> AbstractContextManager[Any]: ...
+    @property
+    def chunk_size(self) -> int: ...
+    @property
+    def moves(self) -> TierMoves: ...
+    @property
+    def kids(self) -> Mapping[bytes, set[bytes]]: ...
+    @property
+    def metas(self) -> MutableMapping[bytes, ChunkMeta]: ...
+    @property
+    def manifest_at(self) -> MutableMapping[str, ChunkTier]: ...
+
+    def holders(self, key: bytes) -> list[ChunkTier]: ...
+    def pop_chunk(self, key: bytes) -> ChunkInfo: ...
+    def pop_row(self, key: str) -> tuple[Manifest, tuple[bytes, ...]] | None: ...
 
 # what a file read gave: a chunk (meta, size), a manifest, or None (it failed its checks)
 Parsed = tuple[ChunkMeta, int] | Manifest | None
@@ -82,7 +109,7 @@ class PeerScan:
     deferred: bool = False  # something of this process's own in flight was skipped: look again
 
 
-def rescan(store: ChunkStore, memo: PeerMemo | None = None) -> PeerScan:
+def rescan(store: PeerHost, memo: PeerMemo | None = None) -> PeerScan:
     """Adopt what peers published to the store's directories since the last look (see the
     module doc); nothing is deleted."""
     memo = PeerMemo() if memo is None else memo
@@ -190,7 +217,7 @@ def _read(path: Path, name: str) -> Parsed | _Vanished:
         return None  # unreadable: left alone
 
 
-def _vanished(store: ChunkStore, tiers: list[ChunkTier], before: dict[str, set[bytes]], gone: dict[str, set[bytes]],
+def _vanished(store: PeerHost, tiers: list[ChunkTier], before: dict[str, set[bytes]], gone: dict[str, set[bytes]],
               listed: dict[str, set[str]], out: PeerScan) -> None:
     """Copies held before the listing and still held whose files (among ``gone``) the
     listing did not show: a peer removed them (lock held). This process's own moves are
@@ -211,7 +238,7 @@ def _vanished(store: ChunkStore, tiers: list[ChunkTier], before: dict[str, set[b
                 out.gone += forget_chunk(store, key)
 
 
-def forget_chunk(store: ChunkStore, key: bytes) -> int:
+def forget_chunk(store: PeerHost, key: bytes) -> int:
     """Drop a chunk from this catalog only (its file went: a peer evicted it), with every
     chunk continuing it and the rows naming them; no file is deleted (they may be a peer's)
     except this process's own memory copies. Counted as ``peer_chunks_gone``; returns how
@@ -233,7 +260,7 @@ def forget_chunk(store: ChunkStore, key: bytes) -> int:
     return n + 1
 
 
-def forget_row(store: ChunkStore, key: str) -> None:
+def forget_row(store: PeerHost, key: str) -> None:
     """Drop a row from this catalog only (its manifest file stays; lock held)."""
     popped = store.pop_row(key)
     if popped is None:
@@ -247,7 +274,7 @@ def forget_row(store: ChunkStore, key: str) -> None:
     store.counters.inc("peer_rows_gone")
 
 
-def _adopt_chunks(store: ChunkStore, tiers: list[ChunkTier], parsed: dict[str, dict[str, Parsed]],
+def _adopt_chunks(store: PeerHost, tiers: list[ChunkTier], parsed: dict[str, dict[str, Parsed]],
                   out: PeerScan) -> None:
     """New chunks, parent first over every tier (lock held)."""
     writing = store.moves.writing
@@ -268,7 +295,7 @@ def _adopt_chunks(store: ChunkStore, tiers: list[ChunkTier], parsed: dict[str, d
         store.counters.inc("peer_chunks_adopted", out.chunks)
 
 
-def _adopt_manifests(store: ChunkStore, tiers: list[ChunkTier], parsed: dict[str, dict[str, Parsed]],
+def _adopt_manifests(store: PeerHost, tiers: list[ChunkTier], parsed: dict[str, dict[str, Parsed]],
                      out: PeerScan) -> None:
     """New manifests whose chunks are all held, in the last tier (where manifests live; lock
     held). One whose chunks a put of this process builds on may be that put's own row."""
@@ -287,7 +314,7 @@ def _adopt_manifests(store: ChunkStore, tiers: list[ChunkTier], parsed: dict[str
             out.waiting += 1
             out.deferred = out.deferred or any((t.name, k) in store.moves.writing for t in tiers for k in got.chunks)
             continue
-        adopt_manifest(store, last, got, served_by)
+        store.adopt_manifest(last, got, served_by)
         out.rows += 1
     if out.rows:
         store.counters.inc("peer_rows_adopted", out.rows)

@@ -1,5 +1,5 @@
-"""The chunked KV cache's storage: rows as manifests over shared chunks, in tiers (RAM, shm,
-disk: `chunk_tiers.ChunkTier`, fastest first).
+"""The chunked KV cache's storage, `ChunkStore`: rows as manifests over shared chunks, in
+tiers (RAM, shm, disk: `chunk_tiers.ChunkTier`, fastest first).
 
 A row of ``tokens`` is stored as the chunks ``chunk_format.chunks_of`` names (keys by
 ``keys.chunk_keys``, cut where ``ChunkCatalog.plan`` says: the stored chain the row follows,
@@ -9,29 +9,28 @@ or turns is stored once. What is kept per
 chunk (``ChunkInfo``): its size, its parent, the rows whose manifests name it (its
 refcount), how many stored chunks continue it (its children) and its policy bookkeeping.
 
-* **Tiers.** Each chunk lives in one or more tiers. A put writes a new chunk to the first
-  persistent tier that can hold it (or to the memory tier when there is no persistent one)
-  and, when the top tier is RAM above persistent tiers, copies it there too: RAM holds
-  copies only, so a manifest never names a chunk that lives only in process memory.
-  Manifests live in the last tier. A read from a lower tier copies the chunk to the top
-  tier and keeps the lower copy (inclusive promotion, as the row cache's).
-* **Eviction, per tier** (`evictable`): a copy may leave a tier when a lower tier holds
-  the chunk too (it is dropped) or can hold it (it is demoted: written there, making room
-  there in turn), whatever depends on it, so in upper tiers a parent may go down before
-  its children and a chain may span tiers; when neither, the chunk leaves the cache, which
-  only a leaf may do (no stored chunk continues it). Each tier's policy ranks its own
-  chunks (chunk_tiers.py); chunks of pinned or live rows go last; chunks an operation in
-  flight uses (``held``) and chunks being moved are never chosen. Evicting a chunk from the
-  cache drops the rows ending at it; its parent may become a leaf in turn.
-* **Locking.** ``lock`` serialises the bookkeeping; payload I/O runs outside it (as
-  placement.py does for rows): room is made and bytes are reserved under the lock, files
-  are written and read unlocked, the result is committed under the lock. A demoted chunk
-  stays readable from its old tier until its new copy is committed; a read that races an
-  eviction finds the file gone and is a miss (KeyError), never a wrong payload (every
-  read verifies the chunk's key and checksums).
+The store is the catalog (`chunk_catalog.ChunkCatalog`, its base: which chunks and rows
+exist, who serves whom, where a row is cut) with bytes in tiers, and it has its parts; each
+sees the store through a narrow view declared in its own module (a Protocol that
+``ChunkStore`` satisfies), none imports this one:
+
+* ``moves`` (`chunk_tier_moves.TierMoves`, view ``MovesHost``): where a put writes, room
+  made by eviction, demotion down the tiers, promotion, and the locking of payload I/O: the
+  store's algorithm, described and coded there.
+* the start-up scan (`chunk_tier_scan.scan_tiers`, view ``ScanHost``) and the adopt-only
+  rescan of what live peers publish (`chunk_peer_scan`, view ``PeerHost``).
+
+What is coded here:
+
+* **Bookkeeping.** Entering chunks and manifests into the catalog and the tiers
+  (``adopt_chunk``, ``adopt_manifest``), absorbing tails, dropping a chunk from every tier
+  with everything that continues it and the rows naming it (``drop_chunk``), removing a
+  row, pinning one. ``lock`` serialises it; payload I/O runs outside it (chunk_tier_moves.py).
 * **Serving.** ``read_row`` returns a row's chunk payloads only when its manifest and every
   chunk verify; a chunk that fails is deleted with every row that names it, and the read
-  raises ``CorruptRow``. ``lookup`` gives the longest stored prefix of a prompt.
+  raises ``CorruptRow``; a read that races an eviction finds the file gone and is a miss
+  (KeyError), never a wrong payload. Chunks read from below the top tier are copied up.
+  ``lookup`` gives the longest stored prefix of a prompt.
 * **Crash safety.** Chunks, then the manifest, each by ``store.publish_file``; a demotion
   publishes the new copy before it deletes the old one. Scan: chunk_tier_scan.py.
 """
@@ -148,6 +147,16 @@ class ChunkStore(ChunkCatalog):
             tier.admit(info.stats)
         tier.add(info, size)
         return info
+
+    def adopt_manifest(self, tier: ChunkTier, m: Manifest, served_by: tuple[bytes, ...]) -> None:
+        """Hold a manifest ``tier`` holds (written, or found verified) as a row served by
+        ``served_by``, its bytes counted in the tier and the store (lock held): a put's
+        commit, the start-up scan's and the peer rescan's."""
+        size = manifest_size(m.n_tokens, len(m.chunks))
+        tier.used += size
+        self.used += size
+        self.manifest_at[m.key] = tier
+        self.add_row(m, served_by)
 
     def absorb(self, c: ChunkInfo) -> None:
         """Tail chunks whose positions ``c`` holds too go; their rows are served by ``c``."""

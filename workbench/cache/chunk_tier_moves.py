@@ -1,38 +1,86 @@
-"""Chunks entering and leaving the tiers of a `ChunkStore`: room made by eviction, demotion
-down the tiers, promotion (copies up), and a put's writes, with payload I/O outside the
-store's lock.
+"""The chunk store's algorithm: chunks entering and leaving its tiers (room made by
+eviction, demotion down the tiers, promotion, a put's writes), with payload I/O outside the
+store's lock. `TierMoves` is a part the store has (``ChunkStore.moves``); it owns the state of
+the moves in flight and sees the store through ``MovesHost``.
 
-Each move takes three steps, as placement.py's for rows: under the lock, room is made in the
-destination tier (the evicted copies are dropped, demoted, or leave the cache: the rule in
-chunk_store.py) and the bytes are reserved; unlocked, the payload is read from its source
-(verified) or taken in hand and written; under the lock, the reservation is released and
-the copy committed, or, when the chunk went meanwhile, the new copy is deleted. A demoted
-chunk is in ``moving`` from its eviction to the commit (no tier holds it then; it is read
-from its old tier, whose file stays until the new copy is committed). Chunks an operation
-needs (a put's earlier chunks, a chain being read) are ``held``: never chosen for eviction.
-A write that finds its tier's file system full (ENOSPC) lowers that tier's limit to what it
-holds, evicts there and is tried once more (``write_or_make_room``; docs/cache.md, "A full
-disk").
+* **Tiers.** Each chunk lives in one or more tiers. A put writes a new chunk to the first
+  persistent tier that can hold it (or to the memory tier when there is no persistent one:
+  ``entry_tiers``) and, when the top tier is RAM above persistent tiers, copies it there
+  too: RAM holds copies only, so a manifest never names a chunk that lives only in process
+  memory. Manifests live in the last tier. A read from a lower tier copies the chunk to the
+  top tier and keeps the lower copy (inclusive promotion, as the row cache's: ``copy_up``).
+* **Eviction, per tier** (``evictable``, ``evict_copy``): a copy may leave a tier when a
+  lower tier holds the chunk too (it is dropped) or can hold it (it is demoted: written
+  there, making room there in turn), whatever depends on it, so in upper tiers a parent may
+  go down before its children and a chain may span tiers; when neither, the chunk leaves the
+  cache, which only a leaf may do (no stored chunk continues it). Each tier's policy ranks
+  its own chunks (chunk_tiers.py); chunks of pinned or live rows go last; chunks an
+  operation in flight uses (``held``) and chunks being moved are never chosen. Evicting a
+  chunk from the cache drops the rows ending at it; its parent may become a leaf in turn.
+* **Locking.** Each move takes three steps, as placement.py's for rows: under the store's
+  lock, room is made in the destination tier (the evicted copies are dropped, demoted, or
+  leave the cache) and the bytes are reserved; unlocked, the payload is read from its source
+  (verified) or taken in hand and written; under the lock, the reservation is released and
+  the copy committed, or, when the chunk went meanwhile, the new copy is deleted. A demoted
+  chunk is in ``moving`` from its eviction to the commit (no tier holds it then; it is read
+  from its old tier, whose file stays until the new copy is committed). Chunks an operation
+  needs (a put's earlier chunks, a chain being read) are ``held``: never chosen for
+  eviction; the chunks a put builds on are ``staying``: they may move down, not leave.
+* **A full disk.** A write that finds its tier's file system full (ENOSPC) lowers that
+  tier's limit to what it holds, evicts there and is tried once more
+  (``write_or_make_room``; docs/cache.md, "A full disk").
 """
 
 from __future__ import annotations
 
 import errno
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from workbench.cache import keys
 from workbench.cache.chunk_backends import ChunkGone
 from workbench.cache.chunk_catalog import ChunkInfo
 from workbench.cache.chunk_format import ChunkMeta, Manifest, check_ends, chunk_file_size, chunks_of, manifest_size
 from workbench.cache.chunk_tiers import ChunkTier, Move
+from workbench.cache.counters import Counters
 from workbench.cache.format import CorruptRow
 from workbench.cache.types import RowStats, SaveReason
 
-if TYPE_CHECKING:
-    from workbench.cache.chunk_store import ChunkStore
+
+class MovesHost(Protocol):
+    """What the tier moves see of their store (`chunk_store.ChunkStore` is one): its lock,
+    counters, clock and tiers (read each time: tiers are added and removed), the catalog
+    read, and the store's calls that enter, absorb, pin and drop chunks and rows."""
+
+    @property
+    def lock(self) -> AbstractContextManager[Any]: ...
+    @property
+    def counters(self) -> Counters: ...
+    @property
+    def tiers(self) -> Sequence[ChunkTier]: ...
+    @property
+    def chunk_size(self) -> int: ...
+    @property
+    def chunks(self) -> Mapping[bytes, ChunkInfo]: ...
+    @property
+    def metas(self) -> Mapping[bytes, ChunkMeta]: ...
+    @property
+    def rows(self) -> Mapping[str, Manifest]: ...
+
+    def clock(self) -> float: ...
+    def children(self, key: bytes) -> int: ...
+    def top_tier(self, key: bytes) -> ChunkTier | None: ...
+    def entry_tiers(self) -> list[ChunkTier]: ...
+    def resolve(self, m: Manifest) -> tuple[bytes, ...] | None: ...
+    def adopt_chunk(self, meta: ChunkMeta, size: int, created_at: float, tier: ChunkTier, *,
+                    admitted: bool = False) -> ChunkInfo: ...
+    def adopt_manifest(self, tier: ChunkTier, m: Manifest, served_by: tuple[bytes, ...]) -> None: ...
+    def absorb(self, c: ChunkInfo) -> None: ...
+    def pin(self, key: str, pinned: bool = True) -> None: ...
+    def drop_chunk(self, key: bytes) -> None: ...
 
 
 @dataclass(slots=True)
@@ -52,7 +100,7 @@ class TierMoves:
     """The moving of chunks between a store's tiers (the store calls it under its lock,
     except ``run`` and ``write_put``, which take the lock for their commits)."""
 
-    def __init__(self, store: ChunkStore) -> None:
+    def __init__(self, store: MovesHost) -> None:
         self.store = store
         self.moving: dict[bytes, ChunkTier] = {}   # chunk -> the tier its demotion reads from
         self.dest: dict[bytes, ChunkTier] = {}     # chunk -> the tier it is being demoted to
@@ -344,12 +392,7 @@ class TierMoves:
                     store.drop_chunk(info.key)
             return None
         store.counters.inc("chunks_shared", plan.n_chunks - len(plan.new))
-        last = store.tiers[-1]
-        size = manifest_size(m.n_tokens, len(m.chunks))
-        last.used += size
-        store.used += size
-        store.manifest_at[m.key] = last
-        store.add_row(m, served_by)
+        store.adopt_manifest(store.tiers[-1], m, served_by)
         if not store.tiers[0].persistent and len(store.tiers) > 1:
             self.copy_up([k for k, _ in copies], dict(copies), frozenset(k for k, _ in copies), counter="ram_copies")
         for info in adopted:

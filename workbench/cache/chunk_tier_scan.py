@@ -1,5 +1,6 @@
 """A chunk store's start-up scan over all its persistent tiers (each directory read by
-chunk_scan.py), so a chain spanning shm and disk is adopted whole.
+chunk_scan.py), so a chain spanning shm and disk is adopted whole. The scan sees the store
+through ``ScanHost``.
 
 * Chunks that verify are adopted parent first over the union of the tiers (a chunk whose
   parent no tier holds is an orphan: deleted from every tier, ``orphans_removed``); a chunk
@@ -13,17 +14,41 @@ chunk_scan.py), so a chain spanning shm and disk is adopted whole.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import Protocol
 
-from workbench.cache.chunk_format import ChunkMeta, Manifest, manifest_size
+from workbench.cache.chunk_catalog import ChunkInfo
+from workbench.cache.chunk_format import ChunkMeta, Manifest
 from workbench.cache.chunk_tiers import ChunkTier
+from workbench.cache.counters import Counters
 from workbench.cache.store import unlink_quietly
 
-if TYPE_CHECKING:
-    from workbench.cache.chunk_store import ChunkStore
+
+class ScanHost(Protocol):
+    """What a scan sees of its store (`chunk_store.ChunkStore` is one): the tiers, the
+    catalog, and the store's calls that adopt, absorb and drop chunks and rows."""
+
+    @property
+    def tiers(self) -> Sequence[ChunkTier]: ...
+    @property
+    def counters(self) -> Counters: ...
+    @property
+    def chunks(self) -> Mapping[bytes, ChunkInfo]: ...
+    @property
+    def rows(self) -> Mapping[str, Manifest]: ...
+    @property
+    def manifest_at(self) -> Mapping[str, ChunkTier]: ...
+
+    def children(self, key: bytes) -> int: ...
+    def resolve(self, m: Manifest) -> tuple[bytes, ...] | None: ...
+    def adopt_chunk(self, meta: ChunkMeta, size: int, created_at: float, tier: ChunkTier, *,
+                    admitted: bool = False) -> ChunkInfo: ...
+    def adopt_manifest(self, tier: ChunkTier, m: Manifest, served_by: tuple[bytes, ...]) -> None: ...
+    def absorb(self, c: ChunkInfo) -> None: ...
+    def drop_chunk(self, key: bytes) -> None: ...
 
 
-def scan_tiers(store: ChunkStore, tmp_ttl_s: float) -> dict[str, int]:
+def scan_tiers(store: ScanHost, tmp_ttl_s: float) -> dict[str, int]:
     """Adopt what the store's directories hold (lock held); rejected files by reason."""
     rejected: dict[str, int] = {}
 
@@ -53,7 +78,7 @@ def scan_tiers(store: ChunkStore, tmp_ttl_s: float) -> dict[str, int]:
         if served_by is None:
             reject(path, "missing_chunk")
             continue
-        adopt_manifest(store, tier, m, served_by)
+        store.adopt_manifest(tier, m, served_by)
     for info in list(store.chunks.values()):
         if info.key in store.chunks:
             store.absorb(info)  # a writer killed between a chunk and the absorption
@@ -66,17 +91,7 @@ def scan_tiers(store: ChunkStore, tmp_ttl_s: float) -> dict[str, int]:
 Found = dict[bytes, tuple[ChunkMeta, list[tuple[ChunkTier, int]]]]  # chunk key -> (its meta, its copies: tier, size)
 
 
-def adopt_manifest(store: ChunkStore, tier: ChunkTier, m: Manifest, served_by: tuple[bytes, ...]) -> None:
-    """Hold a verified manifest found in ``tier`` as a row served by ``served_by`` (its bytes
-    counted in the tier and the store; lock held). The start-up scan's and the peer rescan's."""
-    size = manifest_size(m.n_tokens, len(m.chunks))
-    tier.used += size
-    store.used += size
-    store.manifest_at[m.key] = tier
-    store.add_row(m, served_by)
-
-
-def adopt_parent_first(store: ChunkStore, pending: Found) -> int:
+def adopt_parent_first(store: ScanHost, pending: Found) -> int:
     """Adopt the pending chunks whose parent is held (or that start a chain), parents first,
     each copy in its tier, until none is left that can be; the adopted leave ``pending``.
     Returns how many were adopted (lock held). The start-up scan and the peer rescan's rule."""
@@ -96,7 +111,7 @@ def adopt_parent_first(store: ChunkStore, pending: Found) -> int:
     return adopted
 
 
-def _adopt_chains(store: ChunkStore, found: Found) -> None:
+def _adopt_chains(store: ScanHost, found: Found) -> None:
     """Adopt chunks parent first; a chunk whose parent is absent is an orphan."""
     pending = {k: v for k, v in found.items() if k not in store.chunks}
     adopt_parent_first(store, pending)

@@ -16,7 +16,7 @@ under its lock.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -114,7 +114,7 @@ class ChunkTier:
         self._remove(info.stats)
         return size
 
-    def victim(self, chunks: dict[bytes, ChunkInfo], evictable: Callable[[ChunkInfo], bool],
+    def victim(self, chunks: Mapping[bytes, ChunkInfo], evictable: Callable[[ChunkInfo], bool],
                now: float) -> ChunkInfo | None:
         """The chunk to evict next among those held here that ``evictable`` allows: the policy's
         own choice (protected ones blocked first, then allowed), else the lowest

@@ -41,6 +41,12 @@ class SaveReason(enum.IntEnum):
         raise ValueError(f"unknown save reason {value!r}; valid: {valid}")
 
 
+def reusable(prompt_len: int) -> int:
+    """The most cached tokens a prompt of `prompt_len` tokens can reuse: all but its last,
+    which is always decoded again, alone, for its logits (the n - 1 rule, written once)."""
+    return prompt_len - 1
+
+
 class HitKind(str, enum.Enum):
     """How much of a request's prompt was served from KV computed before: THE definition,
     used by the engine (Stats.cache_hit_kind, its hits_* counters), `TieredCache.lookup`
@@ -63,7 +69,7 @@ class HitKind(str, enum.Enum):
         `by_key`: the caller named the row (erllama's token-exact resume from a finish key)."""
         if matched <= 0:
             return cls.COLD
-        return cls.EXACT if by_key or matched >= prompt_len - 1 else cls.PARTIAL
+        return cls.EXACT if by_key or matched >= reusable(prompt_len) else cls.PARTIAL
 
     @property
     def counter(self) -> str:

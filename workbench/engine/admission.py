@@ -17,6 +17,7 @@ from typing import Any
 
 from .. import _native
 from ..cache import HitKind
+from ..cache.types import reusable
 from .cache_saves import SavePoints
 from .grammars import sampler_refused
 from .prefix_cache import EngineCache
@@ -90,7 +91,7 @@ class Admission:
 
     def _reuse(self, req: Request, use_cache: bool) -> int:
         """Prompt tokens whose KV the sequence holds now (sets the hit kind)."""
-        reuse = min(common_prefix(req.kv_tokens, req.prompt), len(req.prompt) - 1)
+        reuse = min(common_prefix(req.kv_tokens, req.prompt), reusable(len(req.prompt)))
         if reuse > 0:
             req.hit_kind = HitKind.CONTINUATION if req.continues else HitKind.STICKY
             return reuse
@@ -103,6 +104,6 @@ class Admission:
             return 0
         req.hit_kind = restored.kind
         req.shared_end = restored.shared_end
-        if restored.n_tokens == len(req.prompt) - 1:
+        if restored.n_tokens == reusable(len(req.prompt)):
             req.prompt_key = restored.key
-        return min(restored.n_tokens, len(req.prompt) - 1)
+        return min(restored.n_tokens, reusable(len(req.prompt)))

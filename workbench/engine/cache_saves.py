@@ -11,6 +11,8 @@ from __future__ import annotations
 import collections
 
 from ..cache import HitKind, SaveReason
+from ..cache.save_rule import AGENT_PREFIX, SaveSettings, finish_tokens, prefill_saves
+from ..cache.types import reusable
 from ..options import LoadConfig
 from .prefix_cache import EngineCache
 from .request import Request
@@ -25,6 +27,8 @@ class SavePoints:
         self._kvcache = kvcache
         self._pool = pool
         self._counters = counters
+        self._settings = SaveSettings(cfg.cold_checkpoint_interval, cfg.cold_min_tokens, cfg.cold_max_tokens,
+                                      cfg.cache_min_tokens)
 
     def plan(self, req: Request, use_cache: bool) -> list[tuple[int, SaveReason | None]]:
         """Where this request's prefill stops: before its last prompt token (always: that
@@ -35,33 +39,20 @@ class SavePoints:
         reason stops without saving."""
         n, start = len(req.prompt), req.n_past
         points: dict[int, SaveReason | None] = {}
-        if n - 1 > start:
-            points[n - 1] = None
+        if reusable(n) > start:
+            points[reusable(n)] = None
         if not use_cache or self._kvcache is None:
             return sorted(points.items())
         base = SaveReason.COLD if req.hit_kind is HitKind.COLD else SaveReason.CONTINUED
-        for pos in self._checkpoints(n, start):
-            points[pos] = base
         agent = req.opts.prefix_checkpoint_len
-        if n - 1 >= self._cfg.cache_min_tokens and req.prompt_key is None and n - 1 > start and agent != n:
-            points[n - 1] = base
-        if agent is not None and agent > start:
-            points[agent] = SaveReason.AGENT_PREFIX
-        elif agent is not None:
+        for pos, kind in prefill_saves(n, start, self._settings, agent=agent, prompt_found=req.prompt_key is not None):
+            points[pos] = SaveReason.AGENT_PREFIX if kind == AGENT_PREFIX else base
+        if agent is not None and agent <= start:
             # already in the KV (restored or sticky): pin the row of exactly that prefix
             key = self._kvcache.key_for(req.prompt[:agent], req.opts.cache_scope)
             if key in self._kvcache.cache:
                 self._kvcache.cache.pin(key)
         return sorted(points.items())
-
-    def _checkpoints(self, n: int, start: int) -> range | list[int]:
-        """Cold checkpoints inside the cold_min/cold_max band: each row holds the whole
-        prefix, so an unbounded run of them on a very long prompt stores O(n^2) bytes."""
-        every, lo, hi = self._cfg.cold_checkpoint_interval, self._cfg.cold_min_tokens, self._cfg.cold_max_tokens
-        if not every:
-            return []
-        end = min(n - 1, hi + 1) if hi is not None else n - 1
-        return [pos for pos in range(every, end, every) if pos > start and pos >= lo]
 
     def reached(self, req: Request) -> None:
         """After a prefill chunk: save the rows of the points it ended at."""
@@ -69,13 +60,13 @@ class SavePoints:
             pos, reason = req.boundaries.pop(0)
             if pos == req.n_past and reason is not None:
                 key = self.save(req, req.prompt[:pos], reason)
-                if pos >= len(req.prompt) - 1:   # the prompt row (or an agent prefix of all of it)
+                if pos >= reusable(len(req.prompt)):   # the prompt row (or an agent prefix of all of it)
                     req.prompt_key = key
 
     def at_finish(self, req: Request, reason: str) -> str | None:
         """The request's finish key: a row of everything it decoded, else its prompt's row."""
         if (reason != "cancelled" and self._kvcache is not None and req.opts.cache and req.seq is not None
-                and req.n_past > len(req.prompt)):
+                and finish_tokens(len(req.prompt), req.n_past)):
             return self.save(req, (req.prompt + req.generated)[: req.n_past], SaveReason.FINISH)
         return req.prompt_key
 

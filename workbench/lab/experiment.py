@@ -57,7 +57,7 @@ __all__ = ["DEFAULT_BYTES_PER_TOKEN", "DEFAULT_POLICIES", "SAVE_KINDS", "Plan", 
 
 
 def replay(trace: Trace | Sequence[Sequence[int]], policies: Iterable[PolicySpec] = DEFAULT_POLICIES,
-           sizes: Iterable[int | str] | int | str | None = None, *, block_size: int = 16,
+           sizes: Iterable[int | str] | int | str | None = None, *,
            bytes_per_token: int = DEFAULT_BYTES_PER_TOKEN, saves: Iterable[str] = SAVE_KINDS,
            checkpoint_every: int | None = 2048, min_tokens: int = 16, checkpoint_min: int = 0,
            checkpoint_max: int | None = None, model: str | None = None,
@@ -73,11 +73,10 @@ def replay(trace: Trace | Sequence[Sequence[int]], policies: Iterable[PolicySpec
     `sizes`: byte budgets (ints or '2GiB'); None = 8 budgets from 0.5% to 50% of what the
     trace would store without eviction. `trace` may also be a list of token-id sequences.
     `saves` (a subset of checkpoint, agent_prefix, prompt, finish), `checkpoint_every`
-    (rounded up to `block_size`; None = no checkpoints), `checkpoint_min` /
-    `checkpoint_max` (checkpoints only at positions inside that band, in tokens; None = no
-    upper bound) and `min_tokens` follow the engine's save rules and its load options
-    cold_checkpoint_interval, cold_min_tokens, cold_max_tokens and cache_min_tokens (see
-    plan.py).
+    (None = no checkpoints), `checkpoint_min` / `checkpoint_max` (checkpoints only at
+    positions inside that band, in tokens; None = no upper bound) and `min_tokens` are the
+    engine's load options cold_checkpoint_interval, cold_min_tokens, cold_max_tokens and
+    cache_min_tokens, applied by the engine's own save rule (cache/save_rule.py).
 
     Columns: policy (categorical, in the given order), size_bytes, requests, hits,
     exact_hits, partial_hits, misses, hit_ratio, miss_ratio, byte_hit_ratio (matched /
@@ -122,7 +121,7 @@ def replay(trace: Trace | Sequence[Sequence[int]], policies: Iterable[PolicySpec
     labels = _labels(specs)
     # make each policy once now: an unknown name fails here with get_policy's message
     slow = [not is_belady(spec) and ranking_mode(_fresh_policy(spec)) in ("pure", "full") for spec in specs]
-    plan = _plan(trace, block_size=block_size, saves=check_saves(saves), checkpoint_every=checkpoint_every,
+    plan = _plan(trace, saves=check_saves(saves), checkpoint_every=checkpoint_every,
                  min_tokens=min_tokens, checkpoint_min=checkpoint_min, checkpoint_max=checkpoint_max,
                  chunk_size=chunk_size)
     budgets = _budgets(sizes, plan, bytes_per_token)
@@ -151,7 +150,7 @@ def replay(trace: Trace | Sequence[Sequence[int]], policies: Iterable[PolicySpec
     tl = pd.DataFrame(timeline, columns=TIMELINE_COLUMNS)
     tl["policy"] = pd.Categorical(tl["policy"], categories=labels)
     df.attrs["timeline"] = tl
-    df.attrs["params"] = {"trace": trace.name, "requests": len(trace), "block_size": block_size,
+    df.attrs["params"] = {"trace": trace.name, "requests": len(trace),
                           "bytes_per_token": bytes_per_token, "saves": check_saves(saves),
                           "checkpoint_every": checkpoint_every, "checkpoint_min": checkpoint_min,
                           "checkpoint_max": checkpoint_max, "min_tokens": min_tokens, "chunk_size": chunk_size,

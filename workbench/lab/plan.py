@@ -1,34 +1,27 @@
 """What each request of a trace looks up and saves, and replaying that through one cache.
 
-The save rules mirror the engine (`Admission`, `SavePoints.plan` and `SavePoints.at_finish`). For a
+The save rule is the engine's own (`cache/save_rule.py`, which `SavePoints` calls too). For a
 prompt of n tokens, `matched` being the longest cached prefix of it (whole rows: the longest
 row that is a token prefix; chunks: that, or a chain of chunks, chunksim.py):
 
     lookup      none for a one-token prompt (nothing could be reused): it is cold
-    hit kind    exact when matched >= n - 1 (everything but the last prompt token, which is
-                always decoded alone, for its logits), partial when 0 < matched < n - 1,
-                cold when matched == 0
-    start       = min(matched, n - 1)   the KV reused
-    checkpoint  every `checkpoint_every` tokens (rounded up to `block_size`), at positions
-                p with start < p < n - 1 and checkpoint_min <= p <= checkpoint_max (the
-                engine's cold_min_tokens / cold_max_tokens band; reason cold, or continued
-                after a hit)
-    agent_prefix the trace's shared prefix (`pin_segs` leading segments) when it lies past
-                `start`, pinned; when it is already covered, an existing row of exactly
-                that prefix is pinned
-    prompt      the prompt without its last token (n - 1 tokens), when n - 1 >= min_tokens,
-                n - 1 > start (no row already covered it) and the agent prefix is not the
-                whole prompt (its pinned row of n tokens stands for the prompt)
-    finish      prompt + reply without its last token (n + reply - 1 tokens), if longer
-                than the prompt: a trace's reply ends with its end-of-turn token, which is
-                sampled but never decoded, so the KV a request ends with stops just before
-                it; a one-token reply (the end-of-turn token alone) saves no finish row.
-                A reply is one segment, or in a literal trace one segment a token
-                (`Trace.reply`): the row runs along the prompt's path and then the reply's,
-                so a later prompt that repeats prompt + reply matches it as the real index does
+    hit kind    `HitKind.of(matched, n)`: exact when matched >= n - 1, partial when
+                0 < matched < n - 1, cold when matched == 0
+    start       = min(matched, n - 1)   the KV reused (`types.reusable`)
+    prefill     `save_rule.prefill_saves(n, 0, ...)`: checkpoints, the agent prefix (the
+                trace's `pin_segs` leading segments, pinned) and the prompt row; every
+                condition the rule puts on start is "position > start", so a replay drops
+                the saves at or before `start` (an agent prefix there: its existing row is
+                pinned). `saves` leaves out the kinds not named
+    finish      `save_rule.finish_tokens(n, n + reply - 1)`: a trace's reply ends with its
+                end-of-turn token, which is sampled but never decoded, so the KV a request
+                ends with stops just before it; a one-token reply (the end-of-turn token
+                alone) saves no finish row. A reply is one segment, or in a literal trace
+                one segment a token (`Trace.reply`): the row runs along the prompt's path
+                and then the reply's, so a later prompt that repeats prompt + reply matches
+                it as the real index does
 
-A row already cached is not stored again (an agent prefix pins it); where two saves fall on
-one position, the agent prefix wins (one pinned row).
+A row already cached is not stored again (an agent prefix pins it).
 
 Indexing trick (exact, and why a 100,000-request trace replays in seconds): rows and
 prompts are indexed as *virtual tokens*, one per trace segment, where a segment in which a
@@ -49,16 +42,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from workbench.cache.keys import CacheNamespace, row_key_from_bytes
+from workbench.cache import save_rule
 from workbench.cache.policies import EvictionPolicy
-from workbench.cache.types import HitKind, SaveReason
+from workbench.cache.save_rule import SaveSettings, finish_tokens, prefill_saves
+from workbench.cache.types import HitKind, SaveReason, reusable
 from workbench.lab.chunks import ChunkChains, ChunkTree
 from workbench.lab.chunksim import ChunkSimCache
 from workbench.lab.simcache import SimCache
 from workbench.lab.traces import Trace
 
-SAVE_KINDS = ("checkpoint", "agent_prefix", "prompt", "finish")
+SAVE_KINDS = (save_rule.CHECKPOINT, save_rule.AGENT_PREFIX, save_rule.PROMPT, "finish")
 NAMESPACE = CacheNamespace("0" * 64, scope="eviction-lab").digest()
-PIN, CHECKPOINT, PROMPT = 0, 1, 2
+PIN, CHECKPOINT, PROMPT = 0, 1, 2   # a prefill save's kind in a plan (and the native replay's codes)
+_KINDS = {save_rule.AGENT_PREFIX: PIN, save_rule.CHECKPOINT: CHECKPOINT, save_rule.PROMPT: PROMPT}
 
 Row = tuple[str, bytes, int]          # key, virtual token bytes, real tokens
 PrefillSave = tuple[str, bytes, int, int]  # key, bytes, tokens, PIN | CHECKPOINT | PROMPT
@@ -98,7 +94,7 @@ def check_band(checkpoint_min: int, checkpoint_max: int | None) -> None:
         raise ValueError(f"checkpoint_max ({checkpoint_max}) must be >= checkpoint_min ({checkpoint_min})")
 
 
-def build_plan(trace: Trace, *, block_size: int = 16, saves: Iterable[str] = SAVE_KINDS,
+def build_plan(trace: Trace, *, saves: Iterable[str] = SAVE_KINDS,
                checkpoint_every: int | None = 2048, min_tokens: int = 16, checkpoint_min: int = 0,
                checkpoint_max: int | None = None, chunk_size: int | None = None) -> Plan:
     """Virtual-token prompts and the rows each request may save (see the module doc).
@@ -107,42 +103,38 @@ def build_plan(trace: Trace, *, block_size: int = 16, saves: Iterable[str] = SAV
     each row is also cut into its chunk chain (`chunks.py`) and replays use the chunk model
     (`chunksim.py`); None keeps whole rows (today's `TieredCache`)."""
     saves = check_saves(saves)
-    if block_size < 1:
-        raise ValueError(f"block_size must be >= 1, got {block_size}")
     if checkpoint_every is not None and checkpoint_every < 1:
         raise ValueError(f"checkpoint_every must be >= 1 or None, got {checkpoint_every}")
     check_band(checkpoint_min, checkpoint_max)
-    step = first = 0  # 0: no checkpoints
-    if "checkpoint" in saves and checkpoint_every is not None:
-        step = -(-checkpoint_every // block_size) * block_size
-        first = max(step, -(-checkpoint_min // step) * step)  # the first multiple of step in the band
+    rule = SaveSettings(checkpoint_every if "checkpoint" in saves else None, checkpoint_min, checkpoint_max,
+                        min_tokens)
     seg_len = trace.seg_len.tolist()
     ptr, segs = trace.prompt_ptr.tolist(), trace.prompt_segs.tolist()
     replies, pin_segs = _replies(trace), trace.pin_segs.tolist()
     prompts = [segs[ptr[i]:ptr[i + 1]] for i in range(len(trace))]
     plens = [sum(seg_len[s] for s in p) for p in prompts]
     ctx = _Contexts(seg_len)
-    agent = [sum(seg_len[s] for s in p[:k]) if k > 0 and "agent_prefix" in saves else 0
+    agent = [sum(seg_len[s] for s in p[:k]) if k > 0 and "agent_prefix" in saves else None
              for p, k in zip(prompts, pin_segs)]
-    paths, points, prompt_row, finish_len = [], [], [], []
+    paths, points, finish_len = [], [], []
     for i, prompt in enumerate(prompts):
         path = ctx.path(prompt)
         paths.append(path)
         n = plens[i]
-        stop = n - 1 if checkpoint_max is None else min(n - 1, checkpoint_max + 1)
-        ck = tuple(range(first, stop, step)) if step else ()
-        points.append(ck)
-        ctx.cut(path, prompt, ck)
-        has_row = "prompt" in saves and n - 1 >= max(1, min_tokens) and agent[i] != n
-        prompt_row.append(has_row)
-        if has_row:
+        # the engine's rule at start = 0: a replay drops the saves at or before what it found
+        planned = [(pos, _KINDS[kind]) for pos, kind in prefill_saves(n, 0, rule, agent=agent[i])
+                   if kind in saves]
+        points.append(planned)
+        ctx.cut(path, prompt, tuple(pos for pos, kind in planned if kind == CHECKPOINT))
+        if any(kind == PROMPT for _, kind in planned):
             # the prompt row ends before the last prompt token: inside the last segment
             ctx.cut_inside(path[-1], seg_len[prompt[-1]] - 1)
         reply = replies[i]
-        n_fin = n + sum(seg_len[s] for s in reply) - 1 if "finish" in saves and reply else 0
-        if n_fin > n:
+        # the reply's last token (end of turn) is sampled, never decoded
+        n_fin = finish_tokens(n, n + sum(seg_len[s] for s in reply) - 1) if "finish" in saves and reply else 0
+        if n_fin:
             ctx.cut(ctx.extend(path, reply), [*prompt, *reply], (n_fin,))
-        finish_len.append(n_fin if n_fin > n else 0)
+        finish_len.append(n_fin)
     keys: dict[bytes, str] = {}
 
     def row(raw: bytes, cum: list[int], n: int) -> Row:
@@ -166,12 +158,7 @@ def build_plan(trace: Trace, *, block_size: int = 16, saves: Iterable[str] = SAV
         ctx.virtual(path, prompt, vids, cum)
         raw = array.array("i", vids).tobytes()
         plan.prompts.append(raw[:4 * bisect.bisect_left(cum, plen)])
-        pre: list[tuple[int, int]] = [(n, CHECKPOINT) for n in points[i]]
-        if agent[i]:
-            pre.append((agent[i], PIN))
-        if prompt_row[i]:
-            pre.append((plen - 1, PROMPT))
-        plan.prefill.append(tuple((*row(raw, cum, n), kind) for n, kind in sorted(pre)))
+        plan.prefill.append(tuple((*row(raw, cum, n), kind) for n, kind in points[i]))
         plan.finish.append(row(raw, cum, finish_len[i]) if finish_len[i] else None)
         if chains is not None:
             ends = list(itertools.accumulate(seg_len[s] for s in prompt))
@@ -305,8 +292,8 @@ def run_plan(plan: Plan, policy: EvictionPolicy, size_bytes: int, bytes_per_toke
         now, plen = arrival[i], plens[i]
         if on_request is not None:
             on_request(i, now)
-        hit: Any = None  # the engine skips one-token prompts
-        if plen > 1:
+        hit: Any = None  # the engine skips one-token prompts (nothing could be reused)
+        if reusable(plen) > 0:
             hit = sim.lookup(ns, prompts[i]) if chained is None else sim.lookup(ns, prompts[i], chained[i])  # type: ignore[call-arg]
         if hit is None:
             matched = 0
@@ -319,7 +306,7 @@ def run_plan(plan: Plan, policy: EvictionPolicy, size_bytes: int, bytes_per_toke
             exact += 1
         elif hit_kind is HitKind.PARTIAL:
             partial += 1
-        start = min(matched, plen - 1)
+        start = min(matched, reusable(plen))
         matched_total += matched
         saved += start
         reason = SaveReason.CONTINUED if matched else SaveReason.COLD
