@@ -37,8 +37,9 @@ def test_load_ext_registers_and_unload_removes(ip: Any) -> None:
 def test_help_and_unknown_commands(ip: Any, capsys: pytest.CaptureFixture[str]) -> None:
     ip.run_cell("%wb help")
     out = capsys.readouterr().out
-    for usage in ("%wb load [--id ID] [--n-ctx N] [--n-seq-max N] [PATH|default]", "%wb evict", "%wb pin"):
-        assert usage in out
+    for usage in ("  load [PATH|default] [--id ID] [--n-ctx N] [--n-seq-max N]\n", "  evict BYTES [--tier T] ",
+                  "  pin KEY "):
+        assert usage in out  # tests/notebook/test_help.py: the table itself
     assert "unknown %wb command 'frobnicate'" in usage_error(ip.run_cell("%wb frobnicate"))
     assert "invalid int value: 'many'" in usage_error(ip.run_cell("%wb load default --n-ctx many"))
     assert "unrecognized arguments: --bogus" in usage_error(ip.run_cell("%wb models --bogus"))

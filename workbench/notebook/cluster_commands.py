@@ -20,18 +20,35 @@ from IPython.core.magic_arguments import argument, magic_arguments
 if TYPE_CHECKING:
     from workbench.notebook.magics import WorkbenchMagics
 
-ACTIONS = ("start", "status", "decisions", "plot", "router", "sync", "stop")
+# each action and what it does (`%wb help` shows one line each, in this order)
+ACTIONS: dict[str, str] = {
+    "start": "Start replicas of the default model as Ray actors behind a router",
+    "status": "The replicas: state, load, requests, cache bytes, hits (a DataFrame)",
+    "decisions": "The router's decisions: the replica, why, and the outcome (a DataFrame)",
+    "plot": "Requests routed and prompt tokens reused per replica",
+    "router": "Route with another router from now on",
+    "sync": "Adopt the peers' rows from shared tiers now; auto|manual: set cache_sync",
+    "stop": "Stop the cluster's replicas",
+}
+VALUES = {"router": "NAME", "sync": "[auto|manual]"}  # the value an action takes
+FLAGS: dict[str, list[str]] = {}  # action -> the flags that belong to it (filled by _for)
+
+
+def _for(action: str, flag: str, **kwargs: Any) -> Any:
+    """A flag of one action: recorded in FLAGS, its help saying which action it serves."""
+    FLAGS.setdefault(action, []).append(flag)
+    return argument(flag, help=f"{kwargs.pop('help')} ({action})", **kwargs)
 
 
 @magic_arguments(name="wb cluster")
-@argument("action", choices=ACTIONS, help="what to do")
+@argument("action", choices=list(ACTIONS), help="what to do")
 @argument("value", nargs="?", metavar="NAME", help="the router, for 'router'; auto or manual, for 'sync'")
-@argument("--replicas", type=int, default=2, metavar="N", help="replicas to start (start)")
-@argument("--router", default="cache_affinity", metavar="NAME", help="router (start)")
-@argument("--threads", type=int, default=1, metavar="N", help="threads per replica (start)")
-@argument("--n-ctx", type=int, metavar="N", help="context tokens per replica (start)")
-@argument("--n-seq-max", type=int, metavar="N", help="sequences per replica (start)")
-@argument("--last", type=int, metavar="N", help="only the last N decisions (decisions)")
+@_for("start", "--replicas", type=int, default=2, metavar="N", help="replicas to start")
+@_for("start", "--router", default="cache_affinity", metavar="NAME", help="router")
+@_for("start", "--threads", type=int, default=1, metavar="N", help="threads per replica")
+@_for("start", "--n-ctx", type=int, metavar="N", help="context tokens per replica")
+@_for("start", "--n-seq-max", type=int, metavar="N", help="sequences per replica")
+@_for("decisions", "--last", type=int, metavar="N", help="only the last N decisions")
 def cluster_command(m: WorkbenchMagics, args: Any) -> Any:
     """Replicas of a model as Ray actors behind a router (docs/cluster.md)."""
     from workbench import cluster as wc

@@ -2,9 +2,11 @@
 magic_arguments parser, called by `WorkbenchMagics.wb` with the parsed arguments.
 
     %wb load [PATH|default] [--id ID] [--n-ctx N] [--n-seq-max N]
-    %wb models | unload ID | counters | history | mode [auto|widget|text]
+    %wb models | unload ID | counters | history | mode [auto|widget|text] | help [COMMAND]
     %wb cache | chunks | tiers | evict BYTES [--tier T] | pin KEY | unpin KEY   [--model ID | --cache VAR]
     %wb cluster start|status|decisions|plot|router|sync|stop   (cluster_commands.py)
+
+The first line of each command's docstring is its line in `%wb help` (help.py).
 """
 
 from __future__ import annotations
@@ -82,8 +84,10 @@ def with_arguments(args: list[Any]) -> Callable[[Callable[..., Any]], Callable[.
     return deco
 
 
-_cache_args = [argument("--model", metavar="ID", help="model id (default: the current model)"),
-               argument("--cache", metavar="VAR", help="a TieredCache or ChunkedCache held in this variable instead")]
+CACHE_FLAGS = ("--model", "--cache")  # the flags of every command on a cache (%wb help names them once)
+_cache_args = [argument(CACHE_FLAGS[0], metavar="ID", help="model id (default: the current model)"),
+               argument(CACHE_FLAGS[1], metavar="VAR",
+                        help="a TieredCache or ChunkedCache held in this variable instead")]
 
 
 @magic_arguments(name="wb load")
@@ -128,7 +132,7 @@ def _unload(m: WorkbenchMagics, args: Any) -> None:
 @magic_arguments(name="wb counters")
 @with_arguments(_cache_args)
 def _counters(m: WorkbenchMagics, args: Any) -> Any:
-    """Engine counters, plus the cache's counters when the model has a cache."""
+    """Engine counters, plus the cache's when the model has one."""
     if args.cache or args.model:
         return views.counters(m.cache_of(args))
     try:
@@ -140,8 +144,9 @@ def _counters(m: WorkbenchMagics, args: Any) -> Any:
 
 @magic_arguments(name="wb history")
 def _history(m: WorkbenchMagics, args: Any) -> Any:
-    """Generations of this session (%%generate / %%chat) with their stats; ttft_ms is the
-    time to first token in milliseconds."""
+    """Generations of this session and their stats (a DataFrame).
+
+    One row per %%generate / %%chat; ttft_ms is the time to first token in milliseconds."""
     import pandas as pd
 
     rows = [{"ref": r.ref, "model": r.model, "finish_reason": r.finish_reason, "cache_hit_kind": r.cache_hit_kind,
@@ -156,7 +161,9 @@ def _history(m: WorkbenchMagics, args: Any) -> Any:
 @magic_arguments(name="wb mode")
 @argument("mode", nargs="?", choices=["auto", "widget", "text"], help="how generations are shown")
 def _mode(m: WorkbenchMagics, args: Any) -> None:
-    """Show or set how %%generate displays: widget, text, or auto (widget in a kernel)."""
+    """Show or set how %%generate shows a generation: widget, text, or auto.
+
+    auto: a widget in a Jupyter kernel where ipywidgets imports, text elsewhere."""
     if args.mode is not None:
         widgets.set_display_mode(args.mode)
     print(f"display mode: {widgets.display_mode()} (widgets {'on' if widgets.widgets_available() else 'off'})")
@@ -172,8 +179,9 @@ def _cache(m: WorkbenchMagics, args: Any) -> Any:
 @magic_arguments(name="wb chunks")
 @with_arguments(_cache_args)
 def _chunks(m: WorkbenchMagics, args: Any) -> Any:
-    """The chunks of a cache in chunk storage (leaves first, next victim first); a cache of
-    whole rows has none (a usage error)."""
+    """The chunks of a cache in chunk storage (leaves first, next victim first).
+
+    A cache of whole rows has none (a usage error)."""
     cache = m.cache_of(args)
     with usage_errors():
         return views.cache_chunks(cache)
@@ -232,9 +240,19 @@ def _on_row(m: WorkbenchMagics, args: Any, op: Callable[[Any, str], Any]) -> Any
         raise UsageError(str(e.args[0])) from None
 
 
-# each wrapped by magic_arguments, which gives the function a `parser` (its usage)
+@magic_arguments(name="wb help")
+@argument("command", nargs="?", metavar="COMMAND", help="a %%wb command, or generate / chat")
+def _help(m: WorkbenchMagics, args: Any) -> None:
+    """This table, or one command's (or cell magic's) arguments in full."""
+    from workbench.notebook import help as wb_help  # help.py reads SUBCOMMANDS
+
+    print(wb_help.command_help(args.command) if args.command else wb_help.overview())
+
+
+# each wrapped by magic_arguments, which gives the function a `parser` (its usage); the order
+# is %wb help's
 SUBCOMMANDS: dict[str, Any] = {
     "load": _load, "models": _models, "unload": _unload, "counters": _counters, "history": _history,
     "mode": _mode, "cache": _cache, "chunks": _chunks, "tiers": _tiers, "evict": _evict, "pin": _pin, "unpin": _unpin,
-    "cluster": cluster_command,
+    "help": _help, "cluster": cluster_command,
 }

@@ -104,28 +104,16 @@ class WorkbenchMagics(Magics):
     # -- %wb ---------------------------------------------------------------------------------
     @line_magic
     def wb(self, line: str) -> Any:
-        """%wb COMMAND [ARGS]: load, models, unload, counters, history, mode, cache, tiers,
-        evict, pin, unpin, help. `%wb help COMMAND` shows a command's arguments."""
+        """%wb COMMAND [ARGS]: load, models, unload, counters, history, mode, cache, chunks,
+        tiers, evict, pin, unpin, cluster, help. `%wb help` (or `%wb` alone) lists them with a
+        line each; `%wb help COMMAND` shows a command's arguments."""
         command, _, rest = line.strip().partition(" ")
-        if command in ("", "help", "-h", "--help"):
-            print(self._help(rest.strip()))
-            return None
+        if command in ("", "-h", "--help"):
+            command = "help"
         fn = SUBCOMMANDS.get(command)
         if fn is None:
             raise UsageError(f"unknown %wb command {command!r}{_hint(command)}; commands: {', '.join(SUBCOMMANDS)}")
         return fn(self, parse_arguments(fn, rest))
-
-    def _help(self, command: str) -> str:
-        if command:
-            fn = SUBCOMMANDS.get(command)
-            if fn is None:
-                raise UsageError(f"unknown %wb command {command!r}; commands: {', '.join(SUBCOMMANDS)}")
-            return fn.__doc__ or ""
-        lines = ["%wb COMMAND [ARGS]   (%wb help COMMAND for its arguments)"]
-        for fn in SUBCOMMANDS.values():
-            usage = " ".join(fn.parser.format_usage().replace("::", "").split())
-            lines.append(f"  {usage}")
-        return "\n".join(lines)
 
     # -- shared helpers -------------------------------------------------------------------------
     def model_of(self, requested: str | None) -> str:
@@ -206,8 +194,10 @@ class WorkbenchMagics(Magics):
     @magic_arguments(name="%generate")
     @with_arguments(_generation_args)
     def generate(self, line: str, cell: str) -> None:
-        """Generate from the cell (the prompt; {name} is filled from the notebook's
-        variables) and show it live; the Result is stored in --as (default _wb)."""
+        """Generate a completion of the cell's text, shown live.
+
+        The cell is the prompt ({name} is filled from the notebook's variables); the Result is
+        stored in --as (default _wb)."""
         __tracebackhide__ = True  # an Interrupt shows one line, not the magic's frames
         self._run(self._generate_job(line, cell))
 
@@ -310,9 +300,11 @@ class WorkbenchMagics(Magics):
     @argument("--tool-result", metavar="CALL_ID", help="the cell is the result of this tool call (a tool message)")
     @with_arguments(_generation_args)
     def chat(self, line: str, cell: str) -> None:
-        """Send the cell as the user's message (or, with --tool-result, a tool's result) to
-        workbench.chat with this conversation's history (per model and --session); the
-        assistant's Result is stored in --as and its parsed message joins the history."""
+        """A chat turn: the cell is the user's message, the conversation is kept.
+
+        The cell (or, with --tool-result, a tool's result) goes to workbench.chat with this
+        conversation's history (per model and --session); the assistant's Result is stored
+        in --as and its parsed message joins the history."""
         __tracebackhide__ = True
         self._run(self._chat_job(line, cell))
 

@@ -1,6 +1,7 @@
 """matplotlib figures for the notebook: each function returns its Figure (built with
 `matplotlib.figure.Figure`, not pyplot, so nothing is shown twice or kept in pyplot's
-global state); pass `ax=` to draw into an existing Axes instead.
+global state; `workbench.notebook.figure.Figure`, which shows itself as a PNG in IPython
+without `%matplotlib inline`); pass `ax=` to draw into an existing Axes instead.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from workbench.notebook.views import HIT_KINDS
 def _axes(ax: Any, figsize: tuple[float, float] = (7.0, 4.0)) -> tuple[Any, Any]:
     if ax is not None:
         return ax.figure, ax
-    from matplotlib.figure import Figure
+    from workbench.notebook.figure import Figure
 
     fig = Figure(figsize=figsize, layout="constrained")
     return fig, fig.add_subplot()
@@ -210,7 +211,7 @@ def _timeline_lines(ax: Any, part: pd.DataFrame, name: str, colour: str | None =
 
 
 def _timeline_panels(tl: pd.DataFrame, names: list[str], title: str) -> Any:
-    from matplotlib.figure import Figure
+    from workbench.notebook.figure import Figure
 
     cols = min(3, len(names))
     rows = -(-len(names) // cols)
@@ -278,7 +279,7 @@ def miss_ratio_curves(replay: pd.DataFrame, *, metric: str = "miss_ratio", ax: A
 def strategy_latencies(df: pd.DataFrame, *, figsize: tuple[float, float] = (9.0, 3.5)) -> Any:
     """Mean time to first token and mean inter-token latency per batch strategy, for long
     and short requests apart (workbench.lab.scheduling.compare_strategies' DataFrame)."""
-    from matplotlib.figure import Figure
+    from workbench.notebook.figure import Figure
 
     fig = Figure(figsize=figsize, layout="constrained")
     axes = fig.subplots(1, 2)
