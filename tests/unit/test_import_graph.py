@@ -30,15 +30,10 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = "workbench"
 NATIVE = "workbench._native"  # the compiled extension: importing it is fine
 
-# Cycles found when this check was written, in modules being rewritten at the time (issue 26,
-# "One prefix-cache path"): the notebook's commands and magics import each other's types under
-# TYPE_CHECKING. Each is a cycle as `cycles()` names it (starting at its smallest module).
-# Remove an entry once its cycle is gone (test_known_cycles_still_exist says when); a new
-# cycle fails the test.
-KNOWN_CYCLES: set[tuple[str, ...]] = {
-    ("workbench.notebook.cluster_commands", "workbench.notebook.magics", "workbench.notebook.commands"),
-    ("workbench.notebook.commands", "workbench.notebook.magics"),
-}
+# Cycles allowed (none): a cycle found fails the test. An entry is a cycle as `cycles()` names
+# it (starting at its smallest module); one that is gone must leave the set
+# (test_known_cycles_still_exist).
+KNOWN_CYCLES: set[tuple[str, ...]] = set()
 
 # Underscore imports found when this check was written (issue 26), as (importer, module,
 # name). Remove an entry once it is gone; a new one fails the test.

@@ -12,13 +12,12 @@ requests go through its Python handle (``c = wb.cluster.current(); c.complete(..
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument, magic_arguments
 
-if TYPE_CHECKING:
-    from workbench.notebook.magics import WorkbenchMagics
+from workbench.notebook.host import MagicsHost
 
 # each action and what it does (`%wb help` shows one line each, in this order)
 ACTIONS: dict[str, str] = {
@@ -49,7 +48,7 @@ def _for(action: str, flag: str, **kwargs: Any) -> Any:
 @_for("start", "--n-ctx", type=int, metavar="N", help="context tokens per replica")
 @_for("start", "--n-seq-max", type=int, metavar="N", help="sequences per replica")
 @_for("decisions", "--last", type=int, metavar="N", help="only the last N decisions")
-def cluster_command(m: WorkbenchMagics, args: Any) -> Any:
+def cluster_command(m: MagicsHost, args: Any) -> Any:
     """Replicas of a model as Ray actors behind a router (docs/cluster.md)."""
     from workbench import cluster as wc
     from workbench.notebook.commands import usage_errors  # commands.py registers this one

@@ -13,19 +13,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 import workbench as wb
+from workbench.notebook.host import MagicsHost
 from workbench import errors
 from workbench.notebook import views, widgets
 from workbench.notebook.cluster_commands import cluster_command
 from workbench.units import format_bytes, format_count, parse_bytes
-
-if TYPE_CHECKING:
-    from workbench.notebook.magics import WorkbenchMagics
 
 # errors that mean "the arguments were wrong", shown as UsageError with their message
 ARGUMENT_ERRORS: tuple[type[BaseException], ...] = (
@@ -96,7 +94,7 @@ _cache_args = [argument(CACHE_FLAGS[0], metavar="ID", help="model id (default: t
 @argument("--id", dest="model_id", metavar="ID", help="model id to register (default: from the file name)")
 @argument("--n-ctx", type=int, metavar="N", help="context tokens")
 @argument("--n-seq-max", type=int, metavar="N", help="concurrent sequences")
-def _load(m: WorkbenchMagics, args: Any) -> None:
+def _load(m: MagicsHost, args: Any) -> None:
     """Load a model; it becomes the current model of the magics."""
     cfg: dict[str, Any] = {}
     if args.path != "default":
@@ -113,14 +111,14 @@ def _load(m: WorkbenchMagics, args: Any) -> None:
 
 
 @magic_arguments(name="wb models")
-def _models(m: WorkbenchMagics, args: Any) -> Any:
+def _models(m: MagicsHost, args: Any) -> Any:
     """Loaded models (a DataFrame)."""
     return views.models()
 
 
 @magic_arguments(name="wb unload")
 @argument("model_id", metavar="ID", help="the model to unload")
-def _unload(m: WorkbenchMagics, args: Any) -> None:
+def _unload(m: MagicsHost, args: Any) -> None:
     """Unload a model (its running requests end with an error)."""
     with usage_errors():
         wb.unload(args.model_id)
@@ -131,7 +129,7 @@ def _unload(m: WorkbenchMagics, args: Any) -> None:
 
 @magic_arguments(name="wb counters")
 @with_arguments(_cache_args)
-def _counters(m: WorkbenchMagics, args: Any) -> Any:
+def _counters(m: MagicsHost, args: Any) -> Any:
     """Engine counters, plus the cache's when the model has one."""
     if args.cache or args.model:
         return views.counters(m.cache_of(args))
@@ -143,7 +141,7 @@ def _counters(m: WorkbenchMagics, args: Any) -> Any:
 
 
 @magic_arguments(name="wb history")
-def _history(m: WorkbenchMagics, args: Any) -> Any:
+def _history(m: MagicsHost, args: Any) -> Any:
     """Generations of this session and their stats (a DataFrame).
 
     One row per %%generate / %%chat; ttft_ms is the time to first token in milliseconds."""
@@ -160,7 +158,7 @@ def _history(m: WorkbenchMagics, args: Any) -> Any:
 
 @magic_arguments(name="wb mode")
 @argument("mode", nargs="?", choices=["auto", "widget", "text"], help="how generations are shown")
-def _mode(m: WorkbenchMagics, args: Any) -> None:
+def _mode(m: MagicsHost, args: Any) -> None:
     """Show or set how %%generate shows a generation: widget, text, or auto.
 
     auto: a widget in a Jupyter kernel where ipywidgets imports, text elsewhere."""
@@ -171,14 +169,14 @@ def _mode(m: WorkbenchMagics, args: Any) -> None:
 
 @magic_arguments(name="wb cache")
 @with_arguments(_cache_args)
-def _cache(m: WorkbenchMagics, args: Any) -> Any:
+def _cache(m: MagicsHost, args: Any) -> Any:
     """Cached KV rows with their eviction scores (next victim first)."""
     return views.cache_rows(m.cache_of(args))
 
 
 @magic_arguments(name="wb chunks")
 @with_arguments(_cache_args)
-def _chunks(m: WorkbenchMagics, args: Any) -> Any:
+def _chunks(m: MagicsHost, args: Any) -> Any:
     """The chunks of a cache in chunk storage (leaves first, next victim first).
 
     A cache of whole rows has none (a usage error)."""
@@ -189,7 +187,7 @@ def _chunks(m: WorkbenchMagics, args: Any) -> Any:
 
 @magic_arguments(name="wb tiers")
 @with_arguments(_cache_args)
-def _tiers(m: WorkbenchMagics, args: Any) -> Any:
+def _tiers(m: MagicsHost, args: Any) -> Any:
     """The cache's tiers: budget, use, policy."""
     return views.tiers(m.cache_of(args))
 
@@ -198,7 +196,7 @@ def _tiers(m: WorkbenchMagics, args: Any) -> Any:
 @argument("bytes", metavar="BYTES", help="how much to free: 1000000, 512MiB, 2GB")
 @argument("--tier", metavar="T", help="tier to free (default: the top one)")
 @with_arguments(_cache_args)
-def _evict(m: WorkbenchMagics, args: Any) -> None:
+def _evict(m: MagicsHost, args: Any) -> None:
     """Free at least BYTES in a tier, demoting evicted rows down the tiers."""
     try:
         n = parse_bytes(args.bytes)
@@ -215,7 +213,7 @@ def _evict(m: WorkbenchMagics, args: Any) -> None:
 @magic_arguments(name="wb pin")
 @argument("key", metavar="KEY", help="row key or a unique prefix (see %%wb cache)")
 @with_arguments(_cache_args)
-def _pin(m: WorkbenchMagics, args: Any) -> None:
+def _pin(m: MagicsHost, args: Any) -> None:
     """Pin a row (the previously pinned row of its namespace is unpinned)."""
     old = _on_row(m, args, lambda cache, key: cache.pin(key))
     print(f"pinned {args.key}" + (f" (unpinned {old[:12]})" if old else ""))
@@ -224,13 +222,13 @@ def _pin(m: WorkbenchMagics, args: Any) -> None:
 @magic_arguments(name="wb unpin")
 @argument("key", metavar="KEY", help="row key or a unique prefix")
 @with_arguments(_cache_args)
-def _unpin(m: WorkbenchMagics, args: Any) -> None:
+def _unpin(m: MagicsHost, args: Any) -> None:
     """Unpin a row."""
     was = _on_row(m, args, lambda cache, key: cache.unpin(key))
     print(f"unpinned {args.key}" if was else f"{args.key} was not pinned")
 
 
-def _on_row(m: WorkbenchMagics, args: Any, op: Callable[[Any, str], Any]) -> Any:
+def _on_row(m: MagicsHost, args: Any, op: Callable[[Any, str], Any]) -> Any:
     """``op(cache, key)`` on the row that KEY (a key or a unique prefix) names in the
     command's cache; a KEY naming no row, or several, is a UsageError with the cache's words."""
     cache = m.cache_of(args)
@@ -242,7 +240,7 @@ def _on_row(m: WorkbenchMagics, args: Any, op: Callable[[Any, str], Any]) -> Any
 
 @magic_arguments(name="wb help")
 @argument("command", nargs="?", metavar="COMMAND", help="a %%wb command, or generate / chat")
-def _help(m: WorkbenchMagics, args: Any) -> None:
+def _help(m: MagicsHost, args: Any) -> None:
     """This table, or one command's (or cell magic's) arguments in full."""
     from workbench.notebook import help as wb_help  # help.py reads SUBCOMMANDS
 
