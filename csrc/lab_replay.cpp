@@ -170,25 +170,32 @@ class ChunkSim {
           s3_(params.small_ratio, params.ghost_ratio, params.move_to_main_threshold) {
         const size_t C = p.n_chunks(), R = p.n_rows();
         stored_.assign(C, 0);
-        hits_.assign(C, 0);
-        created_.assign(C, 0.0);
-        last_hit_.assign(C, 0.0);
-        has_hit_.assign(C, 0);
+        if (ranks()) {  // the rankings' inputs (s3fifo keeps its own state): memory only where read
+            hits_.assign(C, 0);
+            created_.assign(C, 0.0);
+            last_hit_.assign(C, 0.0);
+            has_hit_.assign(C, 0);
+        }
         pinned_.assign(C, 0);
         seq_.assign(C, 0);
         rows_.resize(C);
         kids_.resize(C);
         nkids_.assign(C, 0);
         keep_.assign(C, 0);
-        order_.assign(C, -1);
-        h_.assign(C, 0.0);
-        has_h_.assign(C, 0);
+        if (policy == Policy::Fifo) order_.assign(C, -1);
+        if (policy == Policy::Gdsf) {
+            h_.assign(C, 0.0);
+            has_h_.assign(C, 0);
+        }
         members_.resize(p.n_buckets);
         row_stored_.assign(R, 0);
         served_.resize(R);
         pos_.resize(R);
         mode_ = policy == Policy::S3fifo ? Mode::Victim : policy == Policy::Frecency ? Mode::Pure : Mode::Event;
-        if (policy == Policy::S3fifo) s3_.set_capacity(budget);
+        if (policy == Policy::S3fifo) {
+            s3_.set_capacity(budget);
+            s3_.reserve(static_cast<i32>(C));
+        }
     }
 
     // The longest stored prefix of request i's prompt: its tokens, the chunks serving it.
@@ -228,9 +235,11 @@ class ChunkSim {
 
     void hit(const std::vector<i32> & chunks, double now) {
         for (const i32 k : chunks) {
-            ++hits_[k];
-            last_hit_[k] = now;
-            has_hit_[k] = 1;
+            if (ranks()) {
+                ++hits_[k];
+                last_hit_[k] = now;
+                has_hit_[k] = 1;
+            }
             seq_[k] = tick();
             if (policy_ == Policy::Gdsf) set_h(k);
             else if (policy_ == Policy::S3fifo) s3_.on_hit(k);
@@ -328,9 +337,14 @@ class ChunkSim {
     bool heap_ranked_ = false;
     double heap_now_ = 0.0;
     // scratch
-    std::vector<i32> chain_, served_tmp_;
+    std::vector<i32> chain_, served_tmp_, stack_;
 
     i64 tick() { return ++clock_; }
+    bool ranks() const { return policy_ != Policy::S3fifo; }  // reads hits, creation, last hit
+    // S3-FIFO's rotations skip chunks with children (blocked in s3_choice) without asking.
+    void leaf_changed(i32 k) {
+        if (policy_ == Policy::S3fifo) s3_.set_hint(k, leaf(k));
+    }
     bool leaf(i32 k) const { return nkids_[k] == 0; }
     bool full(i32 k) const { return p_.ntok(k) == p_.chunk_size; }
 
@@ -408,16 +422,19 @@ class ChunkSim {
 
     void add_chunk(i32 k, double now) {
         stored_[k] = 1;
-        hits_[k] = 0;
-        created_[k] = now;
-        has_hit_[k] = 0;
+        if (ranks()) {
+            hits_[k] = 0;
+            created_[k] = now;
+            has_hit_[k] = 0;
+        }
         pinned_[k] = 0;
         seq_[k] = tick();
         rows_[k].clear();
         if (p_.parent[k] >= 0) {
             kids_[p_.parent[k]].push_back(k);
-            ++nkids_[p_.parent[k]];
+            if (++nkids_[p_.parent[k]] == 1) leaf_changed(p_.parent[k]);
         }
+        leaf_changed(k);
         members_[p_.bucket[k]].push_back(k);
         used += cbytes_[k];
         ++n_stored;
@@ -492,15 +509,21 @@ class ChunkSim {
 
     void drop(i32 key, double now) {
         if (!stored_[key]) return;
-        for (const i32 child : std::vector<i32>(kids_[key])) drop(child, now);
-        for (const i32 r : std::vector<i32>(rows_[key])) remove_row(r, now);
+        // over copies of its children and rows (dropping changes both), on a shared stack
+        const size_t base = stack_.size();
+        stack_.insert(stack_.end(), kids_[key].begin(), kids_[key].end());
+        for (size_t i = base, end = stack_.size(); i < end; ++i) drop(stack_[i], now);
+        stack_.resize(base);
+        stack_.insert(stack_.end(), rows_[key].begin(), rows_[key].end());
+        for (size_t i = base, end = stack_.size(); i < end; ++i) remove_row(stack_[i], now);
+        stack_.resize(base);
         if (!stored_[key]) return;  // removing its rows dropped it as an unnamed tail
         stored_[key] = 0;
         pinned_chunks_ -= pinned_[key];
         const i32 parent = p_.parent[key];
         if (parent >= 0) {
             erase(kids_[parent], key);
-            --nkids_[parent];
+            if (--nkids_[parent] == 0) leaf_changed(parent);
         }
         erase(members_[p_.bucket[key]], key);
         --n_stored;
@@ -635,6 +658,7 @@ class ChunkSim {
         return found;
     }
 
+    // A chunk with children is blocked (its hint is 0 in s3_: leaf_changed).
     i32 s3_choice() {
         auto blocked = [&](i32 k) { return !stored_[k] || !leaf(k) || keep_[k] == epoch_; };
         auto blocked_or_protected = [&](i32 k) { return blocked(k) || pinned_[k]; };
