@@ -106,9 +106,15 @@ def test_ngram_drafts_are_accepted_on_a_reply_that_repeats_the_prompt(spec_model
 
 def test_adaptive_speculation_turns_itself_off_where_drafts_are_poor(spec_model):
     plain = wb.complete(spec_model, STORY, response_tokens=128)
-    r = wb.complete(spec_model, STORY, response_tokens=128, speculative={"ngram": "simple", "size_n": 2})
-    s = r.stats.speculative
-    assert r.tokens == plain.tokens
+    # the policy decides on measured step times: on a loaded machine one run's timings may not
+    # show it yet, so up to 3 runs (each must still give the plain reply); a policy that never
+    # turns off fails all three
+    for _ in range(3):
+        r = wb.complete(spec_model, STORY, response_tokens=128, speculative={"ngram": "simple", "size_n": 2})
+        s = r.stats.speculative
+        assert r.tokens == plain.tokens
+        if s["decisions"]["off"] >= 1:
+            break
     assert s["adaptive"] and s["decisions"]["off"] >= 1 and s["off_steps"] > 0
     assert s["plain_steps"] > len(r.tokens) // 2      # most steps decoded without a draft
     assert s["steps"] < 16 and s["plain_step_s"] > 0
