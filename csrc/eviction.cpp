@@ -27,9 +27,7 @@ void bind_eviction(py::module_ & m) {
         .def("on_remove", &evict::S3Fifo::on_remove)
         .def("__copy__", [](const evict::S3Fifo & s) { return evict::S3Fifo(s); })
         .def("__deepcopy__", [](const evict::S3Fifo & s, const py::dict &) { return evict::S3Fifo(s); }, py::arg("memo"))
-        .def("tracked", &evict::S3Fifo::tracked)
         .def("alive", &evict::S3Fifo::alive)
-        .def("in_ghost", [](const evict::S3Fifo & s, int32_t k) { return s.has_ghost && s.ghost.contains(k); })
         .def("victim",
              [](evict::S3Fifo & s, const std::function<bool(int32_t)> & is_protected) {
                  return s.victim([&](int32_t k) { return is_protected(k); });
@@ -38,7 +36,6 @@ void bind_eviction(py::module_ & m) {
         .def("small_keys", [](const evict::S3Fifo & s) { return s.small.keys(); })
         .def("main_keys", [](const evict::S3Fifo & s) { return s.main.keys(); })
         .def_property_readonly("has_evicted", [](const evict::S3Fifo & s) { return s.has_evicted; })
-        .def_property_readonly("small_capacity", [](const evict::S3Fifo & s) { return s.small.capacity; })
         .def_property_readonly("main_capacity", [](const evict::S3Fifo & s) { return s.main_capacity; })
         .def_property_readonly("empty", [](const evict::S3Fifo & s) {
             return s.small.empty() && s.main.empty() && (!s.has_ghost || s.ghost.empty());

@@ -11,6 +11,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
+#include <stdexcept>
 #include <utility>
 #include <vector>
 
@@ -373,8 +375,14 @@ class S3Fifo {
     int64_t main_capacity = -1;
     bool has_evicted = false;
 
+    // small_ratio in (0, 1); ghost_ratio finite, at most 1000 (<= 0: no ghost); threshold >= 1.
     S3Fifo(double small_ratio, double ghost_ratio, int64_t move_to_main_threshold)
-        : small_ratio_(small_ratio), ghost_ratio_(ghost_ratio), threshold_(move_to_main_threshold) {}
+        : small_ratio_(small_ratio), ghost_ratio_(ghost_ratio), threshold_(move_to_main_threshold) {
+        if (!(small_ratio > 0.0 && small_ratio < 1.0)) throw std::invalid_argument("small_ratio must be in (0, 1)");
+        if (!std::isfinite(ghost_ratio) || ghost_ratio > 1000.0)
+            throw std::invalid_argument("ghost_ratio must be finite and at most 1000");
+        if (move_to_main_threshold < 1) throw std::invalid_argument("move_to_main_threshold must be >= 1");
+    }
 
     // Room for keys below n_keys, made at once rather than grown by doubling as keys come.
     void reserve(int32_t n_keys) {
@@ -395,7 +403,9 @@ class S3Fifo {
         const auto small_cap = static_cast<int64_t>(static_cast<double>(capacity_bytes) * small_ratio_);
         small.capacity = small_cap;
         main_capacity = capacity_bytes - small_cap;
-        const auto ghost_cap = static_cast<int64_t>(static_cast<double>(capacity_bytes) * ghost_ratio_);
+        const double ghost_bytes = static_cast<double>(capacity_bytes) * ghost_ratio_;  // at most 1000x
+        const auto ghost_cap = ghost_bytes >= 9.2e18 ? std::numeric_limits<int64_t>::max()
+                                                     : static_cast<int64_t>(ghost_bytes);
         if (ghost_cap <= 0) {
             if (has_ghost) ghost = FifoList();
             has_ghost = false;
@@ -406,7 +416,6 @@ class S3Fifo {
     }
 
     bool tracked(int32_t k) const { return k >= 0 && static_cast<size_t>(k) < freq_.size() && freq_[k] >= 0; }
-    int64_t freq(int32_t k) const { return tracked(k) ? freq_[k] : -1; }
     // The key still matters: queued, in the ghost, or admitted after a ghost hit.
     bool alive(int32_t k) const {
         return tracked(k) || (has_ghost && ghost.contains(k)) ||

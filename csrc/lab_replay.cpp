@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <functional>
 #include <string>
 #include <unordered_map>
@@ -688,6 +689,8 @@ py::dict replay(const LabPlan & plan, const std::string & name, const py::dict &
     if (params.contains("small_ratio")) pp.small_ratio = params["small_ratio"].cast<double>();
     if (params.contains("ghost_ratio")) pp.ghost_ratio = params["ghost_ratio"].cast<double>();
     if (params.contains("move_to_main_threshold")) pp.move_to_main_threshold = params["move_to_main_threshold"].cast<i64>();
+    if (!std::isfinite(pp.credit_s) || !(pp.half_life_s > 0.0) || !std::isfinite(pp.half_life_s))
+        throw py::value_error("native lab replay: frecency needs a finite credit_s and a finite half_life_s > 0");
     if (static_cast<size_t>(chunk_bytes.size()) != plan.n_chunks() || static_cast<size_t>(manifest_bytes.size()) != plan.n_rows())
         bad_plan("chunk or manifest sizes differ from the plan");
     const Policy policy = policy_of(name);

@@ -213,3 +213,15 @@ def test_a_second_replay_of_the_same_trace_reuses_its_plan(monkeypatch: pytest.M
 
     gc.collect()
     assert len(experiment._PLANS) < kept   # a trace's plans go with it
+
+
+def test_policy_parameters_that_would_break_the_arithmetic_are_value_errors() -> None:
+    plan = _native.lab.Plan(**_arrays())
+    sizes = (np.array([100, 100], np.int64), np.array([50], np.int64))
+    for name, params in (("frecency", {"half_life_s": 0.0}), ("frecency", {"credit_s": float("nan")}),
+                         ("s3fifo", {"small_ratio": float("nan")}), ("s3fifo", {"ghost_ratio": float("inf")}),
+                         ("s3fifo", {"move_to_main_threshold": 0})):
+        with pytest.raises(ValueError):
+            _native.lab.replay(plan, name, params, 10**9, *sizes, 1, 0, False)
+    with pytest.raises(ValueError, match="ghost_ratio"):
+        S3FIFO(ghost_ratio=float("nan"))

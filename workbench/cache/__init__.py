@@ -3,7 +3,7 @@
 Layers, calls going downward only:
     tiered      TieredCache: put/get/lookup over ordered tiers, pins, counters
     levels      a tier bound to its eviction policy, with its byte accounting
-    policies    lru, lfu, frecency, gdsf, s3fifo (s3fifo.py, built from fifo.py)
+    policies    lru, lfu, frecency, gdsf, s3fifo (s3fifo.py, over csrc/eviction.h)
     prefix_index longest cached prefix by chained block hashes + token equality
     tiers       RamTier, ShmTier, DiskTier (storage only)
     store       crash-safe publish / detach / scan of row files

@@ -120,7 +120,8 @@ def replay(trace: Trace | Sequence[Sequence[int]], policies: Iterable[PolicySpec
         raise ValueError("replay needs at least one policy")
     labels = _labels(specs)
     # make each policy once now: an unknown name fails here with get_policy's message
-    slow = [not is_belady(spec) and ranking_mode(_fresh_policy(spec)) in ("pure", "full") for spec in specs]
+    made = [None if is_belady(spec) else _fresh_policy(spec) for spec in specs]
+    slow = [p is not None and ranking_mode(p) in ("pure", "full") for p in made]
     plan = _plan(trace, saves=check_saves(saves), checkpoint_every=checkpoint_every,
                  min_tokens=min_tokens, checkpoint_min=checkpoint_min, checkpoint_max=checkpoint_max,
                  chunk_size=chunk_size)
@@ -129,7 +130,7 @@ def replay(trace: Trace | Sequence[Sequence[int]], policies: Iterable[PolicySpec
     jobs = [(p, s) for p in range(len(specs)) for s in budgets]
     # the optimum's future (one unbounded replay), made once here: forked workers inherit it
     future = FutureUses.of(plan) if any(is_belady(spec) for spec in specs) else None
-    if plan.chunks is not None and any(_native_spec(spec) is not None for spec in specs):
+    if plan.chunks is not None and any(_native_spec(p) is not None for p in made):
         native_plan(plan)   # the native replay's arrays, once here: forked workers inherit them
     task = _Task(plan, specs, bytes_per_token, every, model is not None, future)
     # slowest first, so the worker processes finish together
@@ -222,11 +223,9 @@ def _labels(specs: list[PolicySpec]) -> list[str]:
     return labels
 
 
-def _native_spec(spec: PolicySpec) -> Any:
+def _native_spec(policy: EvictionPolicy | None) -> Any:
     """The policy's `native_spec()` (None: it replays through the Python chunk model)."""
-    if is_belady(spec):
-        return None
-    spec_of = getattr(_fresh_policy(spec), "native_spec", None)
+    spec_of = getattr(policy, "native_spec", None)
     return None if spec_of is None else spec_of()
 
 

@@ -325,17 +325,24 @@ def run_plan(plan: Plan, policy: EvictionPolicy, size_bytes: int, bytes_per_toke
             per_request.append((hit_kind.value, start))
         if timeline_every and ((i + 1) % timeline_every == 0 or i + 1 == n):
             timeline.append((i + 1, now, sim.used_bytes, len(sim), sim.evictions, exact + partial, misses))
-    total_prompt = sum(plens)
     return {
-        "requests": n, "hits": exact + partial, "exact_hits": exact, "partial_hits": partial, "misses": misses,
-        "hit_ratio": (exact + partial) / n if n else 0.0, "miss_ratio": misses / n if n else 0.0,
-        "byte_hit_ratio": matched_total / total_prompt if total_prompt else 0.0,
-        "prompt_tokens": total_prompt, "prefill_tokens_saved": saved,
-        "prefill_saved_fraction": saved / total_prompt if total_prompt else 0.0,
+        **_totals(plan, exact, partial, misses, saved, matched_total),
         "rows_saved": sim.saves, "saves_too_large": sim.too_large, "evictions": sim.evictions,
         "evicted_bytes": sim.evicted_bytes, "rows_end": len(sim), "bytes_end": sim.used_bytes,
         **_chunk_columns(sim), "seconds": time.perf_counter() - started, "_timeline": timeline,
         "_requests": per_request,
+    }
+
+
+def _totals(plan: Plan, exact: int, partial: int, misses: int, saved: int, matched: int) -> dict[str, Any]:
+    """A replay's request counts and the ratios derived from them (both replay paths)."""
+    n, total_prompt = len(plan.prompts), sum(plan.prompt_len)
+    return {
+        "requests": n, "hits": exact + partial, "exact_hits": exact, "partial_hits": partial, "misses": misses,
+        "hit_ratio": (exact + partial) / n if n else 0.0, "miss_ratio": misses / n if n else 0.0,
+        "byte_hit_ratio": matched / total_prompt if total_prompt else 0.0,
+        "prompt_tokens": total_prompt, "prefill_tokens_saved": saved,
+        "prefill_saved_fraction": saved / total_prompt if total_prompt else 0.0,
     }
 
 
@@ -347,15 +354,10 @@ def _native_result(plan: Plan, spec: tuple[str, dict[str, Any]], size_bytes: int
     name, params = spec
     out = native_plan(plan).replay(name, params, size_bytes, bytes_per_token, timeline_every=timeline_every,
                                    record=record)
-    n, total_prompt = len(plan.prompts), sum(plan.prompt_len)
-    hits = out["exact_hits"] + out["partial_hits"]
     kinds = (HitKind.COLD.value, HitKind.EXACT.value, HitKind.PARTIAL.value)
     return {
-        "requests": n, "hits": hits, "exact_hits": out["exact_hits"], "partial_hits": out["partial_hits"],
-        "misses": out["misses"], "hit_ratio": hits / n if n else 0.0, "miss_ratio": out["misses"] / n if n else 0.0,
-        "byte_hit_ratio": out["matched_tokens"] / total_prompt if total_prompt else 0.0,
-        "prompt_tokens": total_prompt, "prefill_tokens_saved": out["prefill_tokens_saved"],
-        "prefill_saved_fraction": out["prefill_tokens_saved"] / total_prompt if total_prompt else 0.0,
+        **_totals(plan, out["exact_hits"], out["partial_hits"], out["misses"], out["prefill_tokens_saved"],
+                  out["matched_tokens"]),
         **{k: out[k] for k in ("rows_saved", "saves_too_large", "evictions", "evicted_bytes", "rows_end",
                                "bytes_end", *CHUNK_COLUMNS)},
         "seconds": out["seconds"], "_timeline": out["timeline"],
