@@ -54,11 +54,13 @@ from . import middleware  # noqa: E402
 middleware.wrap_namespace(globals(), __all__)
 
 
-def __getattr__(name: str):  # noqa: ANN202 - `wb.cluster` imports Ray, `wb.lab` pandas, when used
-    if name in ("cluster", "lab"):
-        import importlib
+def __getattr__(name: str):  # noqa: ANN202 - `wb.cluster` imports Ray, `wb.lab` pandas, `wb.serve` uvicorn, when used
+    import importlib
 
+    if name in ("cluster", "lab"):
         return importlib.import_module(f".{name}", __name__)
+    if name == "serve":  # wb.serve(...): an OpenAI-compatible endpoint (workbench/server, docs/serving.md)
+        return importlib.import_module(".server", __name__).serve
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

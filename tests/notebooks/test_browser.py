@@ -54,6 +54,26 @@ CONTROL_CELLS = [
     "%%generate --max-tokens 3000 --ignore-eos --as fg\nCount from one to one thousand in words:",
     'print("finished:", fg.finish_reason, fg.stats.generated_tokens)',
 ]
+SERVING = "serving.ipynb"        # a kernel that serves (wb.serve), and a client outside it
+SERVING_CLIENT = """
+import sys
+from openai import OpenAI
+c = OpenAI(base_url=sys.argv[1] + '/v1', api_key='unused', max_retries=0)
+s = c.completions.create(model=sys.argv[2], prompt='Count to a thousand:', max_tokens=3000, stream=True,
+                         extra_body={'ignore_eos': True})
+print('client stream ended:', [ch.choices[0].finish_reason for ch in s][-1])
+"""
+SERVING_CELLS = [
+    "import subprocess, sys, time\nimport workbench as wb\nfrom workbench.notebook import views\n"
+    "m = wb.load_model()\nsrv = wb.serve()",
+    f"CLIENT = {SERVING_CLIENT!r}\n"
+    "client = subprocess.Popen([sys.executable, '-c', CLIENT, srv.url, m], stdout=subprocess.PIPE, text=True)\n"
+    "deadline = time.monotonic() + 120\n"
+    "while not any(r['generated_tokens'] >= 2 for r in wb.requests()) and time.monotonic() < deadline:\n"
+    "    time.sleep(0.05)\n"
+    "views.requests()",
+    "for r in wb.requests():\n    wb.cancel(r['ref'])\nprint(client.communicate(timeout=60)[0])\nsrv.stop()",
+]
 CANCEL_BOUND_S = 10.0            # 3,000 tokens take half a minute or more here
 PLOT_NOTEBOOKS = sorted(p.name for p in NOTEBOOKS.glob("[0-9][0-9]-*.ipynb")
                         if "image/png" in p.read_text())
@@ -132,9 +152,10 @@ def _copy_notebooks(dest: Path) -> None:
             if cell.cell_type == "code":
                 cell.outputs, cell.execution_count = [], None
         nbformat.write(nb, dest / path.name)
-    controls = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in CONTROL_CELLS])
-    controls.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nbformat.write(controls, dest / CONTROLS)
+    for name, cells in ((CONTROLS, CONTROL_CELLS), (SERVING, SERVING_CELLS)):
+        nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+        nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+        nbformat.write(nb, dest / name)
 
 
 def _lab_env(home: Path) -> dict[str, str]:
@@ -326,3 +347,19 @@ def test_notebook_runs_in_the_page_and_its_plot_renders(lab: tuple[Lab, Any], na
     assert size is not None and size["width"] > 200 and size["height"] > 100, size
     assert shot.stat().st_size > 5_000
     assert not any("Traceback" in e for e in errors), errors
+
+
+def test_a_client_outside_the_kernel_shows_in_the_notebooks_requests_view(lab: tuple[Lab, Any]) -> None:
+    """The kernel serves (wb.serve); a client in another process (the openai SDK) streams;
+    the page's requests view lists that request while it generates, and cancelling it from
+    the notebook ends the client's stream as cancelled."""
+    with _notebook_page(lab, SERVING) as page:
+        _wait_all_cells(page, len(SERVING_CELLS), timeout_s=180)
+        tables = page.locator(".jp-OutputArea-output table.dataframe").all_inner_texts()
+        printed = page.locator(".jp-OutputArea-output").all_inner_texts()
+    assert len(tables) == 1, printed
+    rows = [line.split("\t") for line in tables[0].splitlines()]
+    running = [r for r in rows if "generating" in r and "smollm2-135m-instruct.q4_1" in r]
+    assert len(running) == 1, tables[0]
+    assert any("client stream ended: cancelled" in t for t in printed), printed
+    assert not any("Traceback" in t for t in printed), printed

@@ -10,6 +10,9 @@ Names used by the cache (all ints; times are nanosecond totals):
     lookup_ns, store_ns, load_ns, pack_ns, unpack_ns     time totals (pack/unpack are
                                                          recorded by the engine)
     queued_wait_ns                              time lookups waited for a queued save
+
+``counters()`` of a cache adds gauges (levels now, not totals): bytes_<tier>, rows_<tier>,
+rows and chunks; `is_gauge` says which names those are.
 """
 
 from __future__ import annotations
@@ -18,6 +21,15 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+
+
+GAUGES = ("rows", "chunks")
+GAUGE_PREFIXES = ("bytes_", "rows_")
+
+
+def is_gauge(name: str) -> bool:
+    """Whether a cache counters() name is a gauge (a level now), not a running total."""
+    return name in GAUGES or name.startswith(GAUGE_PREFIXES)
 
 
 class Counters:

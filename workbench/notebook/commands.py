@@ -4,6 +4,7 @@ magic_arguments parser, called by `WorkbenchMagics.wb` with the parsed arguments
     %wb load [PATH|default] [--id ID] [--n-ctx N] [--n-seq-max N]
     %wb models | unload ID | counters | history | mode [auto|widget|text] | help [COMMAND]
     %wb cache | chunks | tiers | evict BYTES [--tier T] | pin KEY | unpin KEY   [--model ID | --cache VAR]
+    %wb serve [start|status|stop] [--port N] [--only ID] [--api-key KEY]   (serve_commands.py)
     %wb cluster start|status|decisions|plot|router|sync|stop   (cluster_commands.py)
 
 The first line of each command's docstring is its line in `%wb help` (help.py).
@@ -23,6 +24,7 @@ from workbench.notebook.host import MagicsHost
 from workbench import errors
 from workbench.notebook import views, widgets
 from workbench.notebook.cluster_commands import cluster_command
+from workbench.notebook.serve_commands import serve_command
 from workbench.units import format_bytes, format_count, parse_bytes
 
 # errors that mean "the arguments were wrong", shown as UsageError with their message
@@ -252,5 +254,5 @@ def _help(m: MagicsHost, args: Any) -> None:
 SUBCOMMANDS: dict[str, Any] = {
     "load": _load, "models": _models, "unload": _unload, "counters": _counters, "history": _history,
     "mode": _mode, "cache": _cache, "chunks": _chunks, "tiers": _tiers, "evict": _evict, "pin": _pin, "unpin": _unpin,
-    "help": _help, "cluster": cluster_command,
+    "serve": serve_command, "help": _help, "cluster": cluster_command,
 }
