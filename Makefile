@@ -11,7 +11,7 @@ BUILD_DEPS := "scikit-build-core>=0.10" "pybind11>=2.12" ninja "cmake>=3.21"
 NATIVE_SRC := $(wildcard csrc/*.cpp csrc/*.h) CMakeLists.txt pyproject.toml vendor/llama.cpp.pin
 PYTEST_ARGS ?=
 
-.PHONY: all setup build tools model demo lint test test-heavy fuzz crash-test bench vendor-check clean
+.PHONY: all setup build tools model demo lint test test-heavy fuzz crash-test sanitize bench vendor-check clean
 
 all: build
 
@@ -92,6 +92,40 @@ fuzz: model
 crash-test: model
 	WORKBENCH_CRASH_KILLS=500 $(PY) -m pytest tests/integration/test_crash_engine.py -o addopts="-ra" -s \
 	  --timeout=0 $(PYTEST_ARGS)
+
+# ASan + UBSan over csrc/ (opt-in, not part of `make test`; docs/reliability.md, "Compiler
+# warnings and sanitizers"): an instrumented copy of the extension in build/sanitize
+# (llama.cpp's objects come from ccache; .venv's extension is never replaced), then with it
+# (tests/sanitize/run.sh) tests/native, a fuzz smoke set, the crash tests and the tests that
+# drive csrc hardest (the lab's native replay, the eviction policies, KV chunks and hostile
+# KV state, hostile and deeply nested input). Any sanitizer report fails the run.
+SAN_DIR := build/sanitize
+SAN_NATIVE = $(SAN_DIR)/_native$(shell $(PY) -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))")
+SAN_FUZZ_EXAMPLES ?= 600
+SAN_CRASH_KILLS ?= 50
+SAN_TESTS := tests/native tests/fuzz/test_fuzz.py tests/integration/test_crash_engine.py \
+  tests/unit/test_lab_native.py tests/unit/test_cache_policies.py tests/integration/test_cache_chunks.py \
+  tests/integration/test_cache_chunk_boundaries.py tests/integration/test_cache_bad_state.py \
+  tests/integration/test_cache_chunked_bad_state.py tests/integration/test_hostile_input.py \
+  tests/integration/test_deep_input.py
+# This one makes llama.cpp's jinja engine overflow its stack in probe children on purpose and
+# asserts SIGSEGV; ASan reports the overflow (a report, then SIGABRT) instead. Not csrc's, and
+# contained by design (docs/reliability.md, "Compiler warnings and sanitizers").
+SAN_DESELECT := tests/integration/test_deep_input.py::test_templates_that_kill_or_hang_their_renderer_are_refused
+
+$(SAN_DIR)/build.ninja: | $(VENV)/.built
+	@mkdir -p $(SAN_DIR)
+	$(VENV)/bin/cmake -S . -B $(SAN_DIR) -G Ninja -DCMAKE_MAKE_PROGRAM=$(abspath $(VENV)/bin/ninja) \
+	  -DCMAKE_BUILD_TYPE=Release -DCMAKE_C_COMPILER=gcc -DCMAKE_CXX_COMPILER=g++ -DWORKBENCH_SANITIZE=ON \
+	  -DPython_EXECUTABLE=$(abspath $(PY)) -Dpybind11_DIR="$$($(PY) -m pybind11 --cmakedir)" \
+	  -DSKBUILD_PROJECT_VERSION="$$($(PY) -c "from importlib.metadata import version; print(version('llama-workbench'))")" \
+	  > $(SAN_DIR)/configure.log 2>&1 || { cat $(SAN_DIR)/configure.log; exit 1; }
+
+sanitize: model $(SAN_DIR)/build.ninja
+	$(VENV)/bin/cmake --build $(SAN_DIR) --target _native
+	WORKBENCH_FUZZ_EXAMPLES=$(SAN_FUZZ_EXAMPLES) WORKBENCH_CRASH_KILLS=$(SAN_CRASH_KILLS) \
+	  tests/sanitize/run.sh $(PY) $(SAN_NATIVE) $(SAN_DIR)/reports \
+	  $(SAN_TESTS) --deselect $(SAN_DESELECT) -m "not heavy" -p no:cacheprovider -o addopts="-ra" -s $(PYTEST_ARGS)
 
 bench: model tools
 	$(PY) bench/bench_throughput.py
