@@ -10,6 +10,7 @@ PIP    := $(PY) -m pip --disable-pip-version-check
 BUILD_DEPS := "scikit-build-core>=0.10" "pybind11>=2.12" ninja "cmake>=3.21"
 NATIVE_SRC := $(wildcard csrc/*.cpp csrc/*.h) CMakeLists.txt pyproject.toml vendor/llama.cpp.pin
 PYTEST_ARGS ?=
+GUIDELLM_VENV := build/guidellm-venv
 
 .PHONY: all setup build tools model demo lint test test-heavy fuzz crash-test sanitize bench vendor-check clean
 
@@ -70,9 +71,18 @@ lint: build
 
 # the browser test is required wherever Chromium is installed (build/.chromium-checked said
 # so above if it could not be); a skip elsewhere is listed in pytest's summary
-test: lint model tools build/.chromium-checked
+test: lint model tools build/.chromium-checked $(GUIDELLM_VENV)/.installed
 	WORKBENCH_REQUIRE_TOOLS=1 WORKBENCH_REQUIRE_BROWSER=$$(command -v chromium >/dev/null 2>&1 && echo 1 || echo 0) \
+	  WORKBENCH_GUIDELLM=$(abspath $(GUIDELLM_VENV))/bin/guidellm \
 	  $(PY) -m pytest $(PYTEST_ARGS)
+
+# guidellm, a third-party load generator, drives the OpenAI endpoint in tests/server/test_guidellm.py;
+# in a venv of its own (its pins would fight ours), without torch (about 55 s and 650 MB, once)
+$(GUIDELLM_VENV)/.installed: tests/server/guidellm/requirements.txt
+	rm -rf $(GUIDELLM_VENV)
+	$(PYTHON) -m venv $(GUIDELLM_VENV)
+	$(GUIDELLM_VENV)/bin/python -m pip install -q --disable-pip-version-check --no-deps -r $<
+	@touch $@
 
 test-heavy: model tools
 	$(PY) -m pytest -m heavy $(PYTEST_ARGS)
