@@ -8,7 +8,7 @@
 """
 
 from . import _native
-from .api import (cancel, complete, continue_session, counters, detokenize, end_session, last_cache_hit,
+from .api import (cancel, complete, continue_session, counters, detokenize, end_session, history, last_cache_hit,
                   list_models, load_model, model_info, pending_len, phase, queue_depth, request_info,
                   requests, reset_session, sessions, stream, tokenize, unload)
 from .engine.events import CompletionResult, Done, Error, Stats, Token, TokenId
@@ -31,7 +31,7 @@ __version__ = _native.__version__
 
 __all__ = [
     "CompletionResult", "DEFAULT_MODEL", "Done", "Error", "Stats", "Stream", "Token", "TokenId",
-    "cancel", "complete", "continue_session", "counters", "default_model_path", "detokenize",
+    "cancel", "complete", "continue_session", "counters", "default_model_path", "detokenize", "history",
     "end_session", "fetch_default_model", "last_cache_hit", "list_models", "load_model", "model_info",
     "pending_len", "phase", "queue_depth", "request_info", "requests", "reset_session", "sessions",
     "stream", "tokenize", "unload",

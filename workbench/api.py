@@ -314,6 +314,18 @@ def request_info(ref: int) -> dict[str, Any]:
     raise UnknownRequest(f"no running or queued request with ref {ref!r}")
 
 
+def history(model: str | None = None) -> list[dict[str, Any]]:
+    """The finished requests each engine keeps (its newest ``history_size``, a load option),
+    of one model or all, oldest first: times on the engine's clock (``arrival``:
+    time.perf_counter() at submission; queued_s, ttft_s, e2e_s after it; tpot_s, and itl_s
+    the gaps between tokens as a float32 array), tokens (prompt, cached, prefilled,
+    generated), hit kind, finish reason, error, speculative drafted / accepted
+    (engine/history.py)."""
+    engines = [registry.get(model)] if model is not None else registry.engines()
+    records = sorted((r for e in engines for r in e.history.records()), key=lambda r: r.arrival)
+    return [r.row() for r in records]
+
+
 def counters() -> dict[str, int]:
     engines = registry.engines()
     total: dict[str, int] = {}

@@ -48,6 +48,7 @@ from .admission import Admission
 from .cache_saves import SavePoints
 from .commands import COMMAND_TIMEOUT_S
 from .events import ModelPhase
+from .history import History
 from .grammars import GrammarCache
 from .kernel_rows import KernelRows
 from .loop import Loop, LoopParts
@@ -91,6 +92,7 @@ class Engine:
         self.loaded_at = time.time()
         self.counters: collections.Counter[str] = collections.Counter(dict.fromkeys(COUNTER_NAMES, 0))
         self.grammars = GrammarCache(native_model)
+        self.history = History(cfg.history_size)
         self._attachments: dict[str, Closable] = {}
         self._cv = threading.Condition()
         self._compose()
@@ -232,6 +234,7 @@ class Engine:
         req.sync_saves = sync_saves
         req.verify_from = req.out_from = verify_from
         req.draft_engine = draft
+        req.history = self.history
 
     def _check_room(self, prompt: list[int], opts: RequestOptions, needs_seq: bool) -> None:
         """The prompt fits the context, and (without a pinned sequence) there is a sequence

@@ -50,6 +50,8 @@ class Request:
     prefill_done_at: float | None = None
     first_token_at: float | None = None
     last_token_at: float | None = None
+    token_times: list[float] = field(default_factory=list)  # perf_counter() of each delivered token
+    history: Any = None              # the engine's History (engine/history.py), set at submission
     prefilled: int = 0
     grammar: Any = None              # native Grammar prototype (from the engine's cache)
     reasoning_budget: dict[str, Any] | None = None  # token form of opts.reasoning_budget
@@ -113,6 +115,8 @@ class Request:
             logprobs=tuple(self.logprobs) if self.opts.logprobs is not None else None,
         )
         self.phase = "done"
+        if self.history is not None:
+            self.history.add(self, reason, done.stats, None)
         if _finished.listeners:  # before the caller can see its result: see engine/finished.py
             self._tell_listeners(reason, done.stats, None)
         self.events.put(done)
@@ -121,8 +125,12 @@ class Request:
 
     def fail(self, reason: BaseException) -> None:
         self.phase = "done"
-        if _finished.listeners:
-            self._tell_listeners("error", self.stats(), reason)
+        if self.history is not None or _finished.listeners:
+            stats = self.stats()
+            if self.history is not None:
+                self.history.add(self, "error", stats, reason)
+            if _finished.listeners:
+                self._tell_listeners("error", stats, reason)
         self.events.put(Error(reason))
         self.finished.set()
 

@@ -94,6 +94,7 @@ class BatchResults:
             return "stop"
         req.generated.append(token)
         req.last_token_at = now
+        req.token_times.append(now)
         special = req.special if isinstance(req.special, bool) else token in req.special
         req.emit_token(token, self._model.token_to_piece(token, special), draft, next_logprob(self._model, req, token))
         if req.text is not None and req.text.stop_hit is not None:

@@ -82,6 +82,67 @@ def requests() -> pd.DataFrame:
     return _frame(wb.requests(), _REQUEST_DTYPES, "ref")
 
 
+_HISTORY_DTYPES = {
+    "ref": "int64", "model": "string", "cache_scope": "string", "session_id": "object", "arrival": "float64",
+    "queued_s": "float64", "ttft_s": "float64", "tpot_s": "float64", "e2e_s": "float64", "itl_s": "object",
+    "prompt_tokens": "int64", "cached_tokens": "int64", "prefilled_tokens": "int64", "generated_tokens": "int64",
+    "cache_hit_kind": pd.CategoricalDtype(HIT_KINDS), "finish_reason": "string", "error": "string",
+    "spec_drafted": "Int64", "spec_accepted": "Int64",
+}
+LATENCY_METRICS = ("queued_s", "ttft_s", "tpot_s", "itl_s", "e2e_s")
+
+
+def history(model: str | None = None) -> pd.DataFrame:
+    """Finished requests (``wb.history``), oldest first, indexed by ref; ``arrival`` in
+    seconds on the engine's clock, ``itl_s`` each request's inter-token gaps (an array)."""
+    return _frame(wb.history(model), _HISTORY_DTYPES, "ref")
+
+
+_history_frame = history  # latency()'s default, under a name its argument does not shadow
+
+
+def latency(history: pd.DataFrame | None = None, by: str | list[str] | None = None,
+            metrics: Iterable[str] = LATENCY_METRICS) -> pd.DataFrame:
+    """mean / p50 / p90 / p99 (and the count of values) of each latency metric, in seconds,
+    over ``history`` (default: ``history()``), per group of ``by`` (e.g. 'cache_hit_kind',
+    'model'). ``itl_s`` pools every gap of every request (vLLM's ITL); the others take one
+    value per request (requests without one, e.g. a TTFT of a request that failed first,
+    are left out)."""
+    df = history if history is not None else _history_frame()
+    metrics = tuple(metrics)
+    for m in metrics:
+        if m not in LATENCY_METRICS:
+            raise InvalidOption("metrics", m, "some of " + ", ".join(LATENCY_METRICS), "views.latency")
+    keys = [by] if isinstance(by, str) else list(by or [])
+    groups = df.groupby(keys, observed=True, sort=True) if keys else [((), df)]
+    rows = []
+    for key, part in groups:
+        label = dict(zip(keys, key if isinstance(key, tuple) else (key,)))
+        for m in metrics:
+            rows.append({**label, "metric": m, **_percentiles(_values(part, m))})
+    out = pd.DataFrame(rows, columns=[*keys, "metric", "count", "mean", "p50", "p90", "p99"])
+    return out.set_index([*keys, "metric"])
+
+
+def _values(df: pd.DataFrame, metric: str) -> Any:
+    import numpy as np
+
+    if metric == "itl_s":
+        arrays = [a for a in df["itl_s"] if a is not None and len(a)]
+        return np.concatenate(arrays).astype("float64") if arrays else np.empty(0)
+    return df[metric].dropna().to_numpy(dtype="float64")
+
+
+def _percentiles(values: Any) -> dict[str, Any]:
+    import numpy as np
+
+    if len(values) == 0:
+        return {"count": 0, "mean": math.nan, "p50": math.nan, "p90": math.nan, "p99": math.nan}
+    p50, p90, p99 = np.percentile(values, [50, 90, 99])
+    return {"count": len(values), "mean": float(values.mean()), "p50": float(p50), "p90": float(p90),
+            "p99": float(p99)}
+
+
 _CALL_DTYPES = {"call": "string", "model": "string", "duration_ms": "float64", "ok": "bool", "error": "string",
                 "ref": "Int64", "started_at": "float64"}
 

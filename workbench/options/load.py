@@ -86,6 +86,7 @@ class LoadConfig:
                                     "YaRN original context; None = the model's (its n_ctx_train)")
     decode_budget_ms: int = opt(30000, as_int(0), "wall-clock bound of one native step; 0 = off")
     max_queue: int = opt(64, as_int(0), "requests waiting for a sequence before QueueFull")
+    history_size: int = opt(4096, as_int(0, 1_000_000), "finished requests kept for wb.history() (0 = none)")
     prefill_chunk_size: int | None = opt(-1, as_int(-1, none_ok=True),
                                          "one prompt's share of a tick; -1 = max(64, n_batch/4), None = off")
     cache: bool = opt(True, as_bool, "use the shared KV prefix cache (restore at admission, save rows)")
