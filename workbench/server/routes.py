@@ -154,7 +154,7 @@ async def _completion_chunks(call: Call, fan: Fanout, echoes: list[str]) -> Asyn
     for i, text in enumerate(echoes):
         if text:
             yield out.completion_chunk(rid, call.model, created, [out.completion_choice(i, text, None, None)])
-    dones: list[Done] = []
+    dones: dict[int, Done] = {}
     async for i, ev in fan.events():
         if isinstance(ev, TokenId):
             ids[i].append(ev)
@@ -165,12 +165,14 @@ async def _completion_chunks(call: Call, fan: Fanout, echoes: list[str]) -> Asyn
             ids[i] = []
             yield out.completion_chunk(rid, call.model, created, [out.completion_choice(i, ev.text, None, lp)])
         elif isinstance(ev, Done):
-            dones.append(ev)
+            dones[i] = ev
             yield out.completion_chunk(rid, call.model, created, [out.completion_choice(i, "", ev, None)])
         elif isinstance(ev, Error):
             raise ev.reason
     if call.include_usage:
-        yield {**out.completion_chunk(rid, call.model, created, []), "usage": out.usage([d.stats for d in dones])}
+        ordered = [dones[i] for i in sorted(dones)]
+        yield {**out.completion_chunk(rid, call.model, created, []), "usage": out.usage([d.stats for d in ordered]),
+               "workbench": {"requests": _facts(fan, ordered)}}
 
 
 # --- chat completions ----------------------------------------------------------------------------
@@ -213,7 +215,7 @@ async def _chat_chunks(call: Call, fan: Fanout) -> AsyncIterator[dict[str, Any]]
     ids: dict[int, list[TokenId]] = {i: [] for i in range(call.n)}
     for i in range(call.n):
         yield out.chat_chunk(rid, call.model, created, [out.chat_delta(i, {"role": "assistant", "content": ""})])
-    dones: list[Done] = []
+    dones: dict[int, Done] = {}
     async for i, ev in fan.events():
         if isinstance(ev, TokenId):
             ids[i].append(ev)
@@ -223,12 +225,14 @@ async def _chat_chunks(call: Call, fan: Fanout) -> AsyncIterator[dict[str, Any]]
             key = "content" if isinstance(ev, Token) else "reasoning_content"
             yield out.chat_chunk(rid, call.model, created, [out.chat_delta(i, {key: ev.text}, None, lp)])
         elif isinstance(ev, ChatDone):
-            dones.append(ev)
+            dones[i] = ev
             yield out.chat_chunk(rid, call.model, created, [_final_delta(i, ev, hold)])
         elif isinstance(ev, Error):
             raise ev.reason
     if call.include_usage:
-        yield out.chat_chunk(rid, call.model, created, [], out.usage([d.stats for d in dones]))
+        ordered = [dones[i] for i in sorted(dones)]
+        yield {**out.chat_chunk(rid, call.model, created, [], out.usage([d.stats for d in ordered])),
+               "workbench": {"requests": _facts(fan, ordered)}}
 
 
 def _final_delta(i: int, done: ChatDone, held: bool) -> dict[str, Any]:
