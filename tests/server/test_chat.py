@@ -119,3 +119,29 @@ def test_response_format_json_object(model, client):
                                        response_format={"type": "json_object"})
     assert r.choices[0].finish_reason == "stop"
     assert isinstance(json.loads(r.choices[0].message.content), dict)
+
+
+@pytest.mark.load(thinking_markers={"start": "The", "end": "<|im_start|>"})
+def test_reasoning_content_comes_apart_from_the_content(fresh_model):
+    """workbench={'thinking': 'enabled'}: the reasoning block is the message's
+    reasoning_content (streamed as reasoning_content deltas), as wb.chat splits it; here the
+    block's markers are set at load so the 135M model's reply has one."""
+    from .conftest import sdk
+
+    messages = [{"role": "system", "content": "You are a helpful assistant."},
+                {"role": "user", "content": "What is the capital of France?"}]
+    opts = {"thinking": "enabled", "thinking_budget_tokens": 2}
+    ref = wb.chat(fresh_model, messages, response_tokens=8, temperature=0, **opts)
+    assert ref.reasoning_content == "capital of"
+    with wb.serve(fresh_model) as srv:
+        client = sdk(srv.url)
+        r = client.chat.completions.create(model=fresh_model, messages=messages, max_tokens=8, temperature=0,
+                                           extra_body={"workbench": opts})
+        chunks = list(client.chat.completions.create(model=fresh_model, messages=messages, max_tokens=8,
+                                                     temperature=0, stream=True, extra_body={"workbench": opts}))
+    msg = r.choices[0].message
+    assert msg.model_extra["reasoning_content"] == ref.reasoning_content and msg.content == ref.content
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    thought = "".join((d.model_extra or {}).get("reasoning_content") or "" for d in deltas)
+    said = "".join(d.content or "" for d in deltas)
+    assert thought == ref.reasoning_content and said == ref.content
