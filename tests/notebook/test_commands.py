@@ -1,17 +1,12 @@
-"""The %wb subcommands' helpers without a model: flag hints on a misspelled option, and
-`%wb history` in milliseconds."""
+"""The %wb subcommands' helpers without a model: flag hints on a misspelled option."""
 
 from __future__ import annotations
-
-from types import SimpleNamespace
 
 import pytest
 from IPython.core.error import UsageError
 
-from .test_plots import result
 from workbench.notebook import commands
 from workbench.notebook.magics import WorkbenchMagics
-from workbench.notebook.results import Result
 
 
 def usage(line: str, fn: object = WorkbenchMagics.generate) -> str:
@@ -44,10 +39,3 @@ def test_subcommand_parsers_get_hints_too() -> None:
     args = commands.parse_arguments(WorkbenchMagics.generate, "--max-tokens 5 --seed 3")
     assert args.max_tokens == 5 and args.seed == 3
 
-
-def test_history_gives_ttft_in_milliseconds() -> None:
-    m = SimpleNamespace(history=[Result.of(result("cold", 0.25, 1)), Result.of(result("exact", 0.004, 2))])
-    df = commands.SUBCOMMANDS["history"](m, None)
-    assert "ttft_s" not in df.columns
-    assert list(df["ttft_ms"]) == pytest.approx([250.0, 4.0])
-    assert list(df["cache_hit_kind"]) == ["cold", "exact"]

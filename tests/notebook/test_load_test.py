@@ -3,15 +3,22 @@ measured by the client; checked against the engine's own history."""
 
 from __future__ import annotations
 
+import _thread
 import math
 import random
+import threading
+import time
 
+import numpy as np
 import pytest
+from IPython.lib.pretty import pretty
 
 import workbench as wb
 from workbench import lab
 from workbench.errors import InvalidOption
 from workbench.lab import traces
+from workbench.notebook import load_plots, views
+from waiting import wait_for
 
 pytestmark = pytest.mark.model
 
@@ -98,3 +105,98 @@ def test_a_workload_must_be_a_trace(model):
     with pytest.raises(InvalidOption) as e:
         lab.load_test(model, ["hello"])
     assert e.value.key == "workload"
+
+
+def test_a_scope_for_a_url_target_is_refused(model):
+    with pytest.raises(InvalidOption) as e:
+        lab.load_test("http://127.0.0.1:9", TRACE, cache_scope="t1")
+    assert e.value.key == "cache_scope"
+    with pytest.raises(InvalidOption) as e:
+        lab.load_test(model, TRACE, cache_scope="")
+    assert e.value.key == "cache_scope"
+
+
+def test_ctrl_c_stops_the_run_and_keeps_what_was_measured(model):
+    """A notebook's Interrupt is SIGINT in the kernel's main thread: interrupt_main raises it
+    there as Ctrl-C would. The run returns its partial result and leaves nothing running."""
+    long_run = {"rate": 4, "seed": 1, "duration_s": 60, "response_tokens": 400, "max_prompt_tokens": 64,
+                "progress": False}
+    timer = threading.Timer(2.0, _thread.interrupt_main)
+    timer.start()
+    t0 = time.perf_counter()
+    try:
+        r = lab.load_test(model, traces.multi_turn_chats(400, seed=1), **long_run)
+    finally:
+        timer.cancel()
+    assert time.perf_counter() - t0 < 20, "the interrupt did not stop the run"
+    assert r.interrupted and 0 < r.summary["sent"] < 240
+    assert r.requests["error"].fillna("").str.contains("cancelled").any()   # what was in flight
+    assert wait_for(lambda: not [q for q in wb.requests() if q["model"] == model], timeout=10)
+    assert "interrupted" in pretty(r)
+
+
+# --- plots -------------------------------------------------------------------------------------------
+
+def test_the_plots_draw_what_was_measured(model):
+    r = lab.load_test(model, TRACE, rate=20, seed=7, **SMALL)
+    df = r.requests
+    fig = r.plot()
+    cdf, scatter, throughput, kinds = fig.axes
+    ttft_line = next(line for line in cdf.get_lines() if "first token" in line.get_label())
+    assert max(ttft_line.get_xdata()) == pytest.approx(df["ttft_s"].max()) and ttft_line.get_ydata()[-1] == 1
+    points = np.concatenate([c.get_offsets() for c in scatter.collections])
+    want = df[["arrival_s", "ttft_s"]].to_numpy()
+    assert np.allclose(points[np.lexsort(points.T[::-1])], want[np.lexsort(want.T[::-1])])
+    [line] = throughput.get_lines()
+    width = float(np.diff(line.get_xdata())[0])
+    streamed = sum(1 + len(gaps) for gaps in df["itl_s"])           # every token event the client saw
+    assert float(np.sum(line.get_ydata()) * width) == pytest.approx(streamed)
+    assert {t.get_text() for t in kinds.get_legend().get_texts()} == set(df["cache_hit_kind"])
+
+
+def test_the_engine_history_plots_on_the_same_figures(model):
+    lab.load_test(model, TRACE, rate=20, seed=7, **SMALL)
+    hist = views.history(model).tail(len(TRACE))
+    assert load_plots.per_request(hist)["arrival_s"].min() == 0
+    assert len(load_plots.load_panels(hist).axes) == 4
+    other_server = r_without_kinds(hist)
+    [kinds_axes] = load_plots.hit_kinds(other_server).axes
+    assert "does not report hit kinds" in kinds_axes.texts[0].get_text()
+    with pytest.raises(InvalidOption) as e:
+        load_plots.latency_cdf(hist, "ttft_ms")
+    assert e.value.key == "metrics"
+
+
+def r_without_kinds(hist):
+    return hist.assign(cache_hit_kind=None)
+
+
+# --- several settings in one call ----------------------------------------------------------------
+
+def test_a_sweep_runs_each_setting_on_a_fresh_scope_and_unloads_what_it_loaded(model):
+    loaded_before = {m["model_id"] for m in wb.list_models()}
+    lab.load_test(model, TRACE, rate=20, seed=7, **SMALL)   # rows of this trace in the default scope
+    sweep = lab.load_sweep({"one sequence": {"n_seq_max": 1}, "as loaded": model, "again": model}, TRACE,
+                           base={"model_path": wb.model_info(model)["path"]}, rate=20, seed=7, **SMALL)
+    assert {m["model_id"] for m in wb.list_models()} == loaded_before
+    s = sweep.summary
+    assert list(s.index) == ["one sequence", "as loaded", "again"] and (s["completed"] == len(TRACE)).all()
+    assert s.loc["one sequence", "n_seq_max"] == 1 and s.loc["as loaded", "target"] == model
+    assert set(sweep.requests.index.get_level_values("setting")) == set(s.index)
+    for label, r in sweep.results.items():   # no setting starts warm from another's (or the test's) rows
+        assert r.requests.loc[0, "cache_hit_kind"] == "cold" and r.requests.loc[0, "cached_tokens"] == 0, label
+        assert s.loc[label, "goodput"] == r.summary["goodput"] and s.loc[label, "ttft_s_p99"] == r.summary["ttft_s_p99"]
+    assert len(sweep.plot().axes) == 4
+
+
+@pytest.mark.parametrize("settings, options, key", [
+    ({}, {}, "settings"), ({"a": 3}, {}, "settings['a']"), ({"a": {"n_seq_max": 0}}, {}, "n_seq_max"),
+    ({"a": {"configure_cache": "lru"}}, {}, "settings['a'].configure_cache"),
+    ({"a": "m"}, {"cache_scope": "x"}, "cache_scope"),
+])
+def test_a_sweeps_bad_arguments_name_themselves(model, settings, options, key):
+    loaded_before = {m["model_id"] for m in wb.list_models()}
+    with pytest.raises(InvalidOption) as e:
+        lab.load_sweep(settings, TRACE, **options, **SMALL)
+    assert e.value.key == key
+    assert {m["model_id"] for m in wb.list_models()} == loaded_before

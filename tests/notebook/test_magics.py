@@ -16,6 +16,7 @@ from workbench.cache import CacheNamespace, RamTier, TieredCache
 from workbench.engine.events import Token
 from workbench.engine.stream import Stream
 from workbench.notebook.magics import interpolate
+from workbench.notebook.views import history as views_history
 
 
 def usage_error(result: Any) -> str:
@@ -119,7 +120,26 @@ def test_generate_prints_text_and_stores_the_result(shell: Any, model: str,
     # same greedy prompt as complete() gives the same reply
     direct = wb.complete(model, "The capital of France is Paris? Answer:", response_tokens=12, ignore_eos=True)
     assert direct.reply == res.reply
-    assert shell.run_cell("%wb history").result["ref"].iloc[-1] == res.ref
+    # %wb history is the engine's: the magic's request and the API call's, in order
+    assert list(shell.run_cell("%wb history").result["ref"].iloc[-2:]) == [res.ref, direct.ref]
+
+
+@pytest.mark.model
+def test_wb_history_covers_every_request_in_milliseconds(shell: Any, model: str) -> None:
+    a = wb.complete(model, "One two three", response_tokens=3, ignore_eos=True)
+    b = wb.complete(model, "Four five six", response_tokens=3, ignore_eos=True)
+    hist = views_history(model)
+    df = shell.run_cell(f"%wb history --model {model} --last 2").result
+    assert list(df["ref"]) == [a.ref, b.ref] and set(df["model"]) == {model}
+    for row in df.itertuples():
+        assert row.ttft_ms == pytest.approx(hist.loc[row.ref, "ttft_s"] * 1000)
+        assert row.e2e_ms == pytest.approx(hist.loc[row.ref, "e2e_s"] * 1000)
+        assert row.generated_tokens == 3
+    lat = shell.run_cell(f"%wb history --model {model} --last 2 --latency").result
+    assert lat.loc["e2e_s", "count"] == 2                        # a count, not scaled
+    assert lat.loc["e2e_s", "p50_ms"] == pytest.approx(df["e2e_ms"].median())
+    assert "--by nope" in usage_error(shell.run_cell("%wb history --latency --by nope"))
+    assert "--last 0" in usage_error(shell.run_cell("%wb history --last 0"))
 
 
 @pytest.mark.model

@@ -17,11 +17,11 @@ import importlib
 from typing import Any
 
 __all__ = ["DEFAULT_BYTES_PER_TOKEN", "belady", "chunkrank", "chunks", "chunksim", "default_sizes", "experiment",
-           "load", "load_test", "LoadResult", "measure", "native", "plan",
-           "plot_miss_ratio_curves", "record", "recording", "replay", "simcache", "traces"]
+           "load", "load_sweep", "load_test", "LoadResult", "measure", "native", "plan",
+           "plot_miss_ratio_curves", "record", "recording", "replay", "simcache", "sweep", "SweepResult", "traces"]
 
 _MODULES = {"belady", "chunkrank", "chunks", "chunksim", "experiment", "load", "native", "plan", "recording",
-            "simcache", "traces"}
+            "simcache", "sweep", "traces"}
 _NAMES = {"replay", "measure", "plot_miss_ratio_curves", "default_sizes", "DEFAULT_POLICIES",
           "DEFAULT_BYTES_PER_TOKEN"}
 
@@ -33,6 +33,8 @@ def __getattr__(name: str) -> Any:
         return getattr(importlib.import_module(f"{__name__}.experiment"), name)
     if name in ("load_test", "LoadResult"):  # open-loop load tests (load.py)
         return getattr(importlib.import_module(f"{__name__}.load"), name)
+    if name in ("load_sweep", "SweepResult"):  # one load against several settings or systems (sweep.py)
+        return getattr(importlib.import_module(f"{__name__}.sweep"), name)
     if name == "record":  # lab.record(): a notebook's served requests as a trace (recording.py; a
         # module named record would shadow this function once imported)
         return importlib.import_module(f"{__name__}.recording").record

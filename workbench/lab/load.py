@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import InvalidOption
+from ..options import check_scope
 from .traces import Trace
 
 SLO_METRICS = ("ttft_s", "tpot_s", "e2e_s")
@@ -58,6 +59,13 @@ class LoadResult:
                f"{s['request_throughput']:.2f} req/s, {s['output_throughput']:.1f} tok/s; "
                f"p99 TTFT {s['ttft_s_p99']:.3f} s" + ("; interrupted" if self.interrupted else "") + ">")
 
+    def plot(self, **kw: Any) -> Any:
+        """Latency CDFs, TTFT by arrival, throughput and hit kinds over time, in one Figure
+        (``workbench.notebook.load_plots``, whose single figures take this result too)."""
+        from workbench.notebook.load_plots import load_panels
+
+        return load_panels(self, **kw)
+
 
 @dataclass
 class _Sent:
@@ -78,7 +86,7 @@ class _Sent:
 def load_test(target: str, workload: Trace, *, rate: float | None = None, duration_s: float | None = None,
               max_concurrency: int | None = None, slo: Mapping[str, float] | None = None, seed: int = 0,
               response_tokens: int | None = None, max_prompt_tokens: int | None = None,
-              model: str | None = None, progress: bool = True) -> LoadResult:
+              model: str | None = None, cache_scope: str | None = None, progress: bool = True) -> LoadResult:
     """Send ``workload``'s requests open-loop to ``target`` (see the module doc).
 
     ``rate``: Poisson arrivals at this many requests/s (seeded); None: the trace's own
@@ -87,13 +95,22 @@ def load_test(target: str, workload: Trace, *, rate: float | None = None, durati
     length (at least 1). ``max_prompt_tokens``: cut each prompt to its first N tokens (shared
     prefixes stay shared), so a small model can serve production-length traces. ``model``:
     the model name to send to a URL target (None: the first of its /v1/models).
+    ``cache_scope``: the in-process requests' tenant (their rows are shared with no other
+    scope; ``lab.load_sweep`` gives each setting a fresh one, so none starts warm from the
+    one before). Every request is greedy (temperature 0) and ignores end-of-sequence, on
+    every target.
     """
     _check(target, workload, rate, duration_s, max_concurrency, slo, response_tokens, max_prompt_tokens)
+    url = target.startswith(("http://", "https://"))
+    if cache_scope is not None:
+        check_scope("cache_scope", cache_scope, WHERE)
+    if cache_scope is not None and url:
+        raise InvalidOption("cache_scope", cache_scope, "None for a URL target (only in-process requests take "
+                            "a scope; a workbench endpoint maps scopes from its scope_header)", WHERE)
     arrivals = _arrivals(workload, rate, seed, duration_s)
     jobs = [(i, at, _prompt(workload, i, max_prompt_tokens), _reply_len(workload, i, response_tokens))
             for i, at in arrivals]
-    url = target.startswith(("http://", "https://"))
-    sender = _url_sender(target, model) if url else _engine_sender(target)
+    sender = _url_sender(target, model) if url else _engine_sender(target, cache_scope)
     sent: list[_Sent] = []
     interrupted = False
     start = time.perf_counter()
@@ -204,10 +221,11 @@ async def _one(send: Any, rec: _Sent, prompt: list[int], n_out: int, start: floa
         bar.update(1)
 
 
-def _engine_sender(model: str) -> Any:
+def _engine_sender(model: str, cache_scope: str | None) -> Any:
     import workbench as wb
 
     wb.model_info(model)  # NotLoaded names it before anything is sent
+    scope = {} if cache_scope is None else {"cache_scope": cache_scope}
 
     async def nothing() -> None:
         return None
@@ -216,7 +234,7 @@ def _engine_sender(model: str) -> Any:
         return send, nothing
 
     async def send(rec: _Sent, prompt: list[int], n_out: int, start: float) -> None:
-        s = wb.stream(model, prompt, response_tokens=n_out, ignore_eos=True)
+        s = wb.stream(model, prompt, response_tokens=n_out, ignore_eos=True, temperature=0.0, **scope)
         rec.ref = s.ref
         async for ev in s:
             if isinstance(ev, wb.Token) and ev.text:

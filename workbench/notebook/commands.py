@@ -143,19 +143,33 @@ def _counters(m: MagicsHost, args: Any) -> Any:
 
 
 @magic_arguments(name="wb history")
+@argument("--model", metavar="ID", help="only this model's requests (default: every loaded model's)")
+@argument("--last", type=int, metavar="N", help="only the newest N requests")
+@argument("--latency", action="store_true", help="mean / p50 / p90 / p99 of queued, TTFT, TPOT, ITL and E2E "
+          "in milliseconds instead (views.latency)")
+@argument("--by", metavar="COLUMN", help="with --latency: one group per value of this column (e.g. cache_hit_kind)")
 def _history(m: MagicsHost, args: Any) -> Any:
-    """Generations of this session and their stats (a DataFrame).
+    """Every finished request of the loaded models, oldest first (views.history).
 
-    One row per %%generate / %%chat; ttft_ms is the time to first token in milliseconds."""
-    import pandas as pd
-
-    rows = [{"ref": r.ref, "model": r.model, "finish_reason": r.finish_reason, "cache_hit_kind": r.cache_hit_kind,
-             "prompt_tokens": r.stats.prompt_tokens if r.stats else None,
-             "generated_tokens": r.stats.generated_tokens if r.stats else None,
-             "ttft_ms": r.stats.ttft_s * 1000 if r.stats and r.stats.ttft_s is not None else None}
-            for r in m.history]
-    return pd.DataFrame(rows, columns=["ref", "model", "finish_reason", "cache_hit_kind", "prompt_tokens",
-                                       "generated_tokens", "ttft_ms"])
+    The engine's history: %%generate / %%chat, API calls and an endpoint's clients alike.
+    Times in milliseconds: queued_ms, ttft_ms (to the first token), tpot_ms (per later
+    token), e2e_ms (arrival to the end); each engine keeps its newest history_size."""
+    df = views.history(args.model)
+    if args.last is not None:
+        if args.last < 1:
+            raise UsageError(f"--last {args.last}: expected a number of requests >= 1")
+        df = df.tail(args.last)
+    if args.latency:
+        if args.by is not None and args.by not in df.columns:
+            raise UsageError(f"--by {args.by}: expected one of the history's columns ({', '.join(df.columns)})")
+        lat = views.latency(df, by=args.by)
+        times = ["mean", "p50", "p90", "p99"]
+        lat[times] = lat[times] * 1000
+        return lat.rename(columns={c: f"{c}_ms" for c in times})
+    out = df[["model", "finish_reason", "cache_hit_kind", "prompt_tokens", "cached_tokens", "generated_tokens"]].copy()
+    for col in ("queued_s", "ttft_s", "tpot_s", "e2e_s"):
+        out[col.replace("_s", "_ms")] = df[col] * 1000
+    return out.reset_index()
 
 
 @magic_arguments(name="wb mode")

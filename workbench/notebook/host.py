@@ -6,12 +6,10 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from workbench.notebook.results import Result
 
 
 class MagicsHost(Protocol):
     current_model: str | None      # the model the magics use; a subcommand may set it
-    history: list[Result]          # the generations of this session
 
     def cache_of(self, args: Any) -> Any:
         """The cache a subcommand's --model / --cache arguments name (default: the current model's)."""

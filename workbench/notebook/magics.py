@@ -90,7 +90,6 @@ class WorkbenchMagics(Magics):
     def __init__(self, shell: Any = None) -> None:
         super().__init__(shell)
         self.current_model: str | None = None
-        self.history: list[Result] = []
         self.chats: dict[str, list[dict[str, str]]] = {}
         self.thinking_warned: set[str] = set()  # models told that --thinking shows nothing
 
@@ -186,8 +185,6 @@ class WorkbenchMagics(Magics):
 
     def _store(self, var: str, result: Result | None) -> None:
         self.user_ns[var] = result
-        if result is not None:
-            self.history.append(result)
 
     # -- %%generate -----------------------------------------------------------------------------
     @cell_magic

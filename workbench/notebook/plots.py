@@ -15,7 +15,8 @@ from workbench.notebook.results import HIT_COLOURS, UNKNOWN_COLOUR
 from workbench.notebook.views import HIT_KINDS
 
 
-def _axes(ax: Any, figsize: tuple[float, float] = (7.0, 4.0)) -> tuple[Any, Any]:
+def figure_and_axes(ax: Any, figsize: tuple[float, float] = (7.0, 4.0)) -> tuple[Any, Any]:
+    """(ax's Figure, ax), or a new Figure of ``figsize`` inches with one Axes."""
     if ax is not None:
         return ax.figure, ax
     from workbench.notebook.figure import Figure
@@ -42,7 +43,7 @@ def ttft_cold_warm(results: Iterable[Any], *, ax: Any = None) -> Any:
     warm kind is labelled with its speed-up (median cold / median of that kind); the title
     gives median cold / median warm over all warm requests."""
     df = _stats_of(results).dropna(subset=["ttft_s"])
-    fig, ax = _axes(ax)
+    fig, ax = figure_and_axes(ax)
     kinds = [k for k in HIT_KINDS if k in set(df["cache_hit_kind"])]
     kinds += sorted(set(df["cache_hit_kind"]) - set(kinds))
     data = [df.loc[df["cache_hit_kind"] == k, "ttft_s"].to_numpy() * 1000 for k in kinds]
@@ -102,7 +103,7 @@ def hit_kinds_over_time(data: Iterable[Any] | pd.DataFrame, *, window: int = 20,
     lab.measure)."""
     df = data if isinstance(data, pd.DataFrame) else _stats_of(data)
     kinds_seen = df["cache_hit_kind"].astype("string").fillna("cold")
-    fig, ax = _axes(ax)
+    fig, ax = figure_and_axes(ax)
     x = range(1, len(df) + 1)
     shares = []
     labels = [k for k in HIT_KINDS if (kinds_seen == k).any()] or ["cold"]
@@ -126,7 +127,7 @@ def tier_occupancy(tiers: Any, *, ax: Any = None) -> Any:
     from workbench.units import format_bytes
 
     df = tiers if isinstance(tiers, pd.DataFrame) else views.tiers(tiers)
-    fig, ax = _axes(ax, (7.0, 1.0 + 0.6 * max(1, len(df))))
+    fig, ax = figure_and_axes(ax, (7.0, 1.0 + 0.6 * max(1, len(df))))
     rows = df.loc[list(df.index)[::-1]]  # fastest on top
     names = [str(n) for n in rows.index]
     full = (100 * rows["used_bytes"] / rows["budget_bytes"].astype("Float64")).to_numpy(dtype=float, na_value=0.0)
@@ -159,7 +160,7 @@ def chunk_storage(cache: Any = None, *, ax: Any = None) -> Any:
         raise InvalidOption("cache", cache, "a cache configured with storage='chunks'")
     chunks, rows = c.chunk_rows(), c.rows()
     names = [str(t["name"]) for t in c.list_tiers()][::-1]  # fastest on top
-    fig, ax = _axes(ax, (7.0, 1.0 + 0.6 * max(1, len(names))))
+    fig, ax = figure_and_axes(ax, (7.0, 1.0 + 0.6 * max(1, len(names))))
     shared = [sum(k["size_bytes"] for k in chunks if n in k["tiers"] and k["refcount"] > 1) for n in names]
     own = [sum(k["size_bytes"] for k in chunks if n in k["tiers"] and k["refcount"] <= 1) for n in names]
     ax.barh(names, shared, color="#198754", label="shared by several rows")
@@ -195,7 +196,7 @@ def eviction_timeline(replay: pd.DataFrame, *, size_bytes: int | None = None,
     title = f"evictions and hits over the trace ({format_bytes(size)} cache)"
     if ax is None and len(names) > 2:
         return _timeline_panels(tl, names, title)
-    fig, ax = _axes(ax)
+    fig, ax = figure_and_axes(ax)
     for name in names:
         _timeline_lines(ax, tl[tl["policy"].astype(str) == name], name)
     ax.set_xlabel("request")
@@ -248,7 +249,7 @@ def miss_ratio_curves(replay: pd.DataFrame, *, metric: str = "miss_ratio", ax: A
         raise ValueError(f"no column {metric!r} in the replay output")
     from workbench.units import format_bytes
 
-    fig, ax = _axes(ax)
+    fig, ax = figure_and_axes(ax)
     drawn: dict[str, pd.Series] = {}
     i = 0
     for name, part in replay.groupby("policy", observed=True, sort=False):
@@ -304,7 +305,7 @@ def speculative_acceptance(data: Iterable[Any] | pd.DataFrame, *, ax: Any = None
     from workbench.notebook import views
 
     df = data if isinstance(data, pd.DataFrame) else views.speculative_positions(data)
-    fig, ax = _axes(ax)
+    fig, ax = figure_and_axes(ax)
     group = df.index.names[0]
     for i, (name, part) in enumerate(df.groupby(level=group, sort=False)):
         part = part.droplevel(group)
@@ -330,7 +331,7 @@ def speculative_speedup(data: Any, *, ax: Any = None) -> Any:
     from workbench.notebook import views
 
     df = data if isinstance(data, pd.DataFrame) else views.speculative_speedup(data)
-    fig, ax = _axes(ax)
+    fig, ax = figure_and_axes(ax)
     table = df["speedup"].astype("Float64").unstack("setting", sort=False) if len(df) else pd.DataFrame()
     prompts = [str(p) for p in table.index]
     settings = [str(s) for s in table.columns]
