@@ -44,6 +44,7 @@ PYBIND11_MODULE(_native, m) {
     wb::bind_devices(m);
     wb::bind_lab(m);
     wb::bind_eviction(m);
+    wb::bind_score(m);
 }
 
 namespace wb {

@@ -179,5 +179,6 @@ void bind_speculative(py::module_ & m);
 void bind_devices(py::module_ & m);
 void bind_lab(py::module_ & m);
 void bind_eviction(py::module_ & m);
+void bind_score(py::module_ & m);
 
 }  // namespace wb

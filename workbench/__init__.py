@@ -22,6 +22,8 @@ from .cache_admin import (add_tier, cache_chunks, cache_info, cache_rows, config
                           pin_row, remove_tier, unpin_row, wait_for_saves)
 from .engine.stream import Stream
 from .speculative import draft_tokens, verify
+from .scoring import ScoreResult, loglikelihood, score
+from .ppl import PerplexityResult, perplexity
 from .pressure import pressure, pressure_sources, start_pressure_monitor, stop_pressure_monitor
 from .models import DEFAULT_MODEL, default_model_path, fetch_default_model
 from .machine import vram_info
@@ -44,6 +46,7 @@ __all__ = [
     "pressure", "pressure_sources", "start_pressure_monitor", "stop_pressure_monitor",
     "list_adapters", "load_adapter", "set_adapter_scale", "unload_adapter",
     "draft_tokens", "verify",
+    "PerplexityResult", "ScoreResult", "loglikelihood", "perplexity", "score",
     "option_names", "vram_info",
 ]
 

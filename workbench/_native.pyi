@@ -221,6 +221,10 @@ class Adapter:
     def meta(self, key: str) -> str | None: ...
 def set_adapters(ctx: Context, adapters: list[Adapter], scales: list[float]) -> None:
     """Apply these adapters at these scales to every sequence of the context ([] clears)."""
+def score_rows(ctx: Context, rows: list[int], targets: list[int], top: int = 0) -> tuple[Any, Any, Any, Any]:
+    """Log-probability (float64 array: the raw logits' log-softmax) of targets[i] at output
+    row rows[i] of the context's last decode, its rank (int32, 1 = argmax) and the ``top``
+    most likely ids (int32, (n, top)) and their logprobs (float32, (n, top))."""
 
 class _S3Fifo:
     """S3-FIFO over small integer keys (csrc/eviction.h); workbench.cache.s3fifo wraps it."""

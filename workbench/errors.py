@@ -234,6 +234,11 @@ class SamplingFailed(WorkbenchError, RuntimeError):
     its other requests go on)."""
 
 
+class ScoringFailed(WorkbenchError, RuntimeError):
+    """Reading a scoring request's logprobs from the decode's logits failed (the request
+    ends; the model and its other requests go on)."""
+
+
 class InvalidBatchPlan(WorkbenchError, RuntimeError):
     """The model's batch strategy returned a plan the engine cannot run (or raised); the
     requests it was planned for fail with this, the loop goes on."""

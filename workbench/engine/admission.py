@@ -90,15 +90,19 @@ class Admission:
                          "prompt_tokens": len(req.prompt), "session_id": req.opts.session_id}
 
     def _reuse(self, req: Request, use_cache: bool) -> int:
-        """Prompt tokens whose KV the sequence holds now (sets the hit kind)."""
-        reuse = min(common_prefix(req.kv_tokens, req.prompt), reusable(len(req.prompt)))
+        """Prompt tokens whose KV the sequence holds now (sets the hit kind); never past a
+        request's first row with logits (``out_from``: scoring, verify), which is decoded."""
+        limit = reusable(len(req.prompt)) if req.out_from is None else min(reusable(len(req.prompt)), req.out_from)
+        reuse = min(common_prefix(req.kv_tokens, req.prompt), limit)
         if reuse > 0:
             req.hit_kind = HitKind.CONTINUATION if req.continues else HitKind.STICKY
             return reuse
-        if not use_cache or len(req.prompt) <= 1:
+        if not use_cache or limit <= 0:
             return 0
         assert self._kvcache is not None and req.seq is not None
-        restored = self._kvcache.restore(self._pool, req.seq, req.prompt, req.opts.cache_scope,
+        # looked up as a prompt that ends right after the limit, so the hit kind (and what is
+        # read) is relative to the tokens that may be reused
+        restored = self._kvcache.restore(self._pool, req.seq, req.prompt[: limit + 1], req.opts.cache_scope,
                                          req.opts.parent_key)
         if restored is None:
             return 0
@@ -106,4 +110,4 @@ class Admission:
         req.shared_end = restored.shared_end
         if restored.n_tokens == reusable(len(req.prompt)):
             req.prompt_key = restored.key
-        return min(restored.n_tokens, reusable(len(req.prompt)))
+        return min(restored.n_tokens, limit)

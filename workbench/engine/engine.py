@@ -62,6 +62,7 @@ from .results import BatchResults
 from .scheduler import Budget, strategy_for
 from .seq_pool import SeqPool
 from .session_commands import COUNTER_NAMES as SESSION_COUNTERS, SessionCommands
+from .scoring import Scoring, ScoreState
 from .speculation import COUNTER_NAMES as SPEC_COUNTERS, Speculation, check_speculative
 from .sessions import Session, SessionTable, common_prefix
 from .timeouts import COUNTER_NAMES as TIMEOUT_COUNTERS, Timeouts
@@ -102,7 +103,7 @@ class Engine:
         self.budget = Budget(n_batch, self.chunk)
         self.strategy = strategy_for(cfg.batch_strategy)
         parts = LoopParts(self.pool, self.table, self.adapters, self.admission, self.results,
-                          self.speculation, self.recovery, self.timeouts)
+                          self.speculation, self.scoring, self.recovery, self.timeouts)
         kernels = KernelRows(n_batch, self.ctx.n_ubatch, self.ctx.n_ctx, cfg.deterministic)
         self.loop = Loop(model_id, parts, self.strategy, self.budget, cfg.decode_budget_ms, self.counters, self._cv,
                          kernels)
@@ -123,6 +124,7 @@ class Engine:
         self.recovery = Recovery(self.pool, self.table, self.adapters, counters, cfg.decode_budget_ms)
         self.results = BatchResults(self.model, self.pool, self.table, self.saves, counters)
         self.speculation = Speculation(self.model, self.pool, self.results, counters)
+        self.scoring = Scoring(self.pool, self.table, self.results)
         self.timeouts = Timeouts(self.table, counters, lock)
 
     # --- construction ------------------------------------------------------------------
@@ -184,10 +186,12 @@ class Engine:
 
     def submit(self, prompt: list[int], opts: RequestOptions, *, continue_session: bool = False,
                expect_committed: list[int] | None = None, sync_saves: bool = False,
-               verify_from: int | None = None, draft: Engine | None = None) -> Request:
+               verify_from: int | None = None, draft: Engine | None = None,
+               score: ScoreState | None = None) -> Request:
         """Queue a request; admission errors (capacity, sessions, grammar) raise here.
         ``verify_from``: a verify() request, the argmax of every row from there on;
-        ``draft``: the Engine of ``speculative={'draft': id}``."""
+        ``draft``: the Engine of ``speculative={'draft': id}``; ``score``: a scoring
+        request's state (engine/scoring.py), logits on every row from its start on."""
         check_speculative(opts.speculative, self, draft)
         grammar = self.grammars.for_request(opts.grammar, opts.json_schema, opts.grammar_root)
         seed = opts.seed if opts.seed is not None else random.randrange(2**32 - 1)
@@ -200,6 +204,8 @@ class Engine:
             self._check_room(prompt, opts, needs_seq=sess is None or sess.seq is None)
             req = Request(ref=next_ref(), model_id=self.model_id, prompt=list(prompt), opts=opts, seed=seed)
             self._prepare(req, grammar, continue_session, sync_saves, verify_from, draft)
+            if score is not None:
+                req.score, req.out_from = score, score.start
             if opts.session_id is not None:
                 req.session = self.sessions.get_or_create(opts.session_id, opts.cache_scope)
                 req.session.busy_ref = req.ref

@@ -36,6 +36,7 @@ from .request_table import RequestTable
 from .results import BatchResults
 from .scheduler import BatchPlan, BatchStrategy, Budget, plan_problem, strategy_name
 from .seq_pool import SeqPool
+from .scoring import Scoring
 from .speculation import Speculation
 from .timeouts import Timeouts
 
@@ -50,6 +51,7 @@ class LoopParts:
     admission: Admission
     results: BatchResults
     speculation: Speculation
+    scoring: Scoring
     recovery: Recovery
     timeouts: Timeouts
 
@@ -156,6 +158,7 @@ class Loop:
         p.results.apply(batch)
         if batch.verifies:
             p.speculation.apply(batch)
+            p.scoring.apply(batch)
 
     def _finish_cancelled(self) -> None:
         """Every cancelled request, queued (anywhere in the queue) or running, finishes

@@ -73,6 +73,7 @@ class Request:
     out_from: int | None = None      # every row from this position on gets logits (verify rows)
     verify_from: int | None = None   # a verify() request: its argmax from this position on
     argmax: list[int] = field(default_factory=list)  # a verify() request's argmax per row
+    score: Any = None                # a scoring request's ScoreState (engine/scoring.py)
     # logprobs=: samples drawn but not yet in the reply (engine/logprobs.py), one per token taken
     pending_logprobs: collections.deque[Any] = field(default_factory=collections.deque)
     logprobs: list[TokenLogprob] = field(default_factory=list)

@@ -260,8 +260,8 @@ class Speculation:
     # --- after the decode -------------------------------------------------------------------
     def apply(self, batch: DecodeBatch) -> None:
         for s in batch.slices:
-            if s.rows is None:
-                continue
+            if s.rows is None or s.request.score is not None:
+                continue                   # plain rows, or a scoring request's (engine/scoring.py)
             if s.request.verify_from is not None:
                 self._collect_argmax(s)
             else:
