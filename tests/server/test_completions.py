@@ -107,6 +107,27 @@ def test_echo_prepends_the_prompt(model, client):
     assert "".join(c.choices[0].text for c in chunks if c.choices) == wb.detokenize(model, ids) + want.reply
 
 
+def test_echo_with_logprobs_gives_the_prompts_own_logprobs(model, client):
+    """lm-evaluation-harness's local-completions asks for a loglikelihood this way: echo the
+    prompt with logprobs and read the prompt's part. They are wb.score's (the same
+    definition as wb.loglikelihood), the first token's null, then the reply's."""
+    ids = wb.tokenize(model, FRANCE)
+    scored = wb.score(model, ids, top=2)
+    r = client.completions.create(model=model, prompt=FRANCE, max_tokens=3, temperature=0, echo=True, logprobs=2)
+    lp = r.choices[0].logprobs
+    n = len(ids)
+    assert lp.tokens[:n] == scored.pieces and lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert lp.token_logprobs[1:n] == pytest.approx(list(scored.logprobs[1:]), abs=1e-3)
+    for got, alts in zip(lp.top_logprobs[1:n], scored.top[1:]):
+        assert sorted(got.values(), reverse=True) == pytest.approx([x for _, x in alts], abs=1e-3)
+    assert len(lp.tokens) == n + 3 and "".join(lp.tokens) == r.choices[0].text
+    assert lp.text_offset[n] == len(FRANCE) and lp.text_offset[:2] == [0, len(lp.tokens[0])]
+    chunks = list(client.completions.create(model=model, prompt=FRANCE, max_tokens=3, temperature=0, echo=True,
+                                            logprobs=1, stream=True))
+    first = chunks[0].choices[0]
+    assert first.text == FRANCE and first.logprobs.token_logprobs[1:] == pytest.approx(lp.token_logprobs[1:n], abs=1e-3)
+
+
 def test_logprobs_equal_the_engines(model, client):
     want = wb.complete(model, FRANCE, response_tokens=5, temperature=0, logprobs=2)
     r = client.completions.create(model=model, prompt=FRANCE, max_tokens=5, temperature=0, logprobs=2)

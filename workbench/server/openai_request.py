@@ -77,9 +77,6 @@ def completion_call(body: Mapping[str, Any], scope: str | None) -> Call:
     if lp is not None:
         _set(call, "logprobs", lp, "logprobs")
         call.logprobs = lp if isinstance(lp, int) and not isinstance(lp, bool) else None
-    if call.echo and lp is not None:
-        raise ApiError(400, "'echo' with 'logprobs' needs the prompt's logprobs, which this server does not "
-                       "compute yet", param="echo", code="unsupported")
     call.opts.setdefault("response_tokens", 16)
     return call
 

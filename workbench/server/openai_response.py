@@ -11,6 +11,7 @@ request's ref, hit kind, cached / prefilled tokens and TTFT.
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 import uuid
@@ -64,6 +65,26 @@ def completion_logprobs(entries: Sequence[TokenLogprob], offset: int) -> dict[st
         offsets.append(offset)
         offset += len(e.text)
     return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
+
+
+def prompt_logprobs(tokens: Sequence[int], scored: Any, text_of: Any, top: int) -> dict[str, Any]:
+    """An echoed prompt's logprobs in the legacy shape, from a wb.score result (None: a
+    one-token prompt): the first token's logprob and alternatives are null, as OpenAI's."""
+    texts = [text_of(t) for t in tokens]
+    lps: list[float | None] = [None]
+    tops: list[dict[str, float] | None] = [None]
+    for i in range(1, len(tokens)):
+        lps.append(float(scored.logprobs[i]))
+        tops.append({text_of(t): lp for t, lp in scored.top[i]} if top else {})
+    offsets = [0, *itertools.accumulate(len(x) for x in texts)][: len(texts)]
+    return {"tokens": texts, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
+
+
+def joined_logprobs(prompt: dict[str, Any] | None, reply: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The echoed prompt's logprobs, then the reply's (either may be absent)."""
+    if prompt is None or reply is None:
+        return prompt or reply
+    return {k: prompt[k] + reply[k] for k in ("tokens", "token_logprobs", "top_logprobs", "text_offset")}
 
 
 def chat_logprobs(entries: Sequence[TokenLogprob]) -> dict[str, Any]:

@@ -122,15 +122,17 @@ async def completions(request: Request) -> Response:
         start = [(p, _prompt_text(call.model, p) if call.echo else "") for p in call.prompts for _ in range(call.n)]
     except Exception as e:
         raise from_exception(e, call.names) from None
+    prompt_lps = await unless_disconnected(request, _prompt_logprobs(call, [p for p, _ in start]))
     fan = await _start(request, call, [_completion_starter(call, p, i) for i, (p, _) in enumerate(start)])
     echoes = [text for _, text in start]
     if call.stream:
-        return await _sse(request, fan, call, _completion_chunks(call, fan, echoes))
+        return await _sse(request, fan, call, _completion_chunks(call, fan, echoes, prompt_lps))
     try:
         dones = await unless_disconnected(request, _collect(fan, call))
     finally:
         fan.close()
-    choices = [out.completion_choice(i, echoes[i] + d.reply, d, _completion_lp(call, d, len(echoes[i])))
+    choices = [out.completion_choice(i, echoes[i] + d.reply, d,
+                                     out.joined_logprobs(prompt_lps[i], _completion_lp(call, d, len(echoes[i]))))
                for i, d in enumerate(dones)]
     return JSONResponse(out.completion(out.new_id("cmpl"), call.model, choices, [d.stats for d in dones],
                                        _facts(fan, dones)))
@@ -141,19 +143,42 @@ def _completion_starter(call: Call, prompt: Any, i: int) -> Callable[[], Any]:
     return lambda: wb.stream(call.model, prompt, **opts)
 
 
+async def _prompt_logprobs(call: Call, prompts: list[Any]) -> list[dict[str, Any] | None]:
+    """With echo and logprobs: each prompt's own logprobs (wb.score over the tokens the
+    request prefills; the first token has none), in the legacy shape; else Nones."""
+    if not (call.echo and call.logprobs is not None):
+        return [None] * len(prompts)
+    loop = asyncio.get_running_loop()
+    scope = call.opts.get("cache_scope", "default")
+    text_of = _text_of(call.model)
+
+    def one(prompt: Any) -> dict[str, Any]:
+        tokens = wb.tokenize(call.model, prompt) if isinstance(prompt, str) else list(prompt)
+        if len(tokens) < 2:
+            return out.prompt_logprobs(tokens, None, text_of, call.logprobs or 0)
+        return out.prompt_logprobs(tokens, wb.score(call.model, tokens, top=call.logprobs or 0,
+                                                    cache_scope=scope), text_of, call.logprobs or 0)
+
+    try:
+        return [await loop.run_in_executor(None, one, p) for p in prompts]
+    except Exception as e:
+        raise from_exception(e, call.names) from None
+
+
 def _completion_lp(call: Call, done: Done, offset: int) -> dict[str, Any] | None:
     if call.logprobs is None or done.logprobs is None:
         return None
     return out.completion_logprobs(done.logprobs, offset)
 
 
-async def _completion_chunks(call: Call, fan: Fanout, echoes: list[str]) -> AsyncIterator[dict[str, Any]]:
+async def _completion_chunks(call: Call, fan: Fanout, echoes: list[str],
+                             prompt_lps: list[dict[str, Any] | None]) -> AsyncIterator[dict[str, Any]]:
     rid, created = out.new_id("cmpl"), out.now()
     text_of = _text_of(call.model)
     ids: dict[int, list[TokenId]] = {i: [] for i in range(len(echoes))}
     for i, text in enumerate(echoes):
         if text:
-            yield out.completion_chunk(rid, call.model, created, [out.completion_choice(i, text, None, None)])
+            yield out.completion_chunk(rid, call.model, created, [out.completion_choice(i, text, None, prompt_lps[i])])
     dones: dict[int, Done] = {}
     async for i, ev in fan.events():
         if isinstance(ev, TokenId):
