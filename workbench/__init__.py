@@ -22,7 +22,7 @@ from .cache_admin import (add_tier, cache_chunks, cache_info, cache_rows, config
                           pin_row, remove_tier, unpin_row, wait_for_saves)
 from .engine.stream import Stream
 from .speculative import draft_tokens, verify
-from .scoring import ScoreResult, loglikelihood, score
+from .scoring import ScoreResult, loglikelihood, loglikelihood_rolling, score
 from .ppl import PerplexityResult, perplexity
 from .pressure import pressure, pressure_sources, start_pressure_monitor, stop_pressure_monitor
 from .models import DEFAULT_MODEL, default_model_path, fetch_default_model
@@ -46,7 +46,7 @@ __all__ = [
     "pressure", "pressure_sources", "start_pressure_monitor", "stop_pressure_monitor",
     "list_adapters", "load_adapter", "set_adapter_scale", "unload_adapter",
     "draft_tokens", "verify",
-    "PerplexityResult", "ScoreResult", "loglikelihood", "perplexity", "score",
+    "PerplexityResult", "ScoreResult", "loglikelihood", "loglikelihood_rolling", "perplexity", "score",
     "option_names", "vram_info",
 ]
 

@@ -198,6 +198,30 @@ def loglikelihood(model: str, pairs: Sequence[tuple[str, str]], *, cache: bool =
     return out
 
 
+def loglikelihood_rolling(model: str, texts: Sequence[str], *, window: int | None = None,
+                          overlap: int | None = None, cache: bool = True,
+                          cache_scope: str = "default") -> list[float]:
+    """lm-evaluation-harness's ``loglikelihood_rolling``: for each text, the sum of the
+    logprobs of all its tokens given the ones before them, the first given the prefix token
+    (BOS, or EOS without one); a text past the context is scored in windows (``score``)."""
+    eng = registry.get(model)
+    if isinstance(texts, (str, bytes)) or not isinstance(texts, Sequence):
+        raise InvalidOption("texts", texts, "a list of strings")
+    out = []
+    for i, text in enumerate(texts):
+        if not isinstance(text, str) or not text:
+            raise InvalidOption(f"texts[{i}]", text, "a non-empty string")
+        tokens = [prefix_token(eng), *text_tokens(eng, text, False, f"texts[{i}]")]
+        out.append(score(model, tokens, window=window, overlap=overlap, cache=cache,
+                         cache_scope=cache_scope).sum_logprob)
+    return out
+
+
+def prefix_token(eng: Any) -> int:
+    """What stands before a text scored from its first token: BOS, or EOS (lm-eval's rule)."""
+    return int(eng.model.bos if eng.model.bos >= 0 else eng.model.eos)
+
+
 def _pairs(pairs: Any) -> list[tuple[Any, Any]]:
     if isinstance(pairs, (str, bytes)) or not isinstance(pairs, Sequence):
         raise InvalidOption("pairs", pairs, "a list of (context, continuation) pairs of strings")
@@ -217,7 +241,7 @@ def _encode_pair(eng: Any, i: int, pair: tuple[str, str]) -> tuple[list[int], li
         context, continuation = context[:-spaces], context[-spaces:] + continuation
     where = f"pairs[{i}]"
     if not context:
-        ctx = [eng.model.bos if eng.model.bos >= 0 else eng.model.eos]
+        ctx = [prefix_token(eng)]
         return ctx, text_tokens(eng, continuation, False, where)
     whole = text_tokens(eng, context + continuation, True, where)
     ctx = text_tokens(eng, context, True, where)
