@@ -254,6 +254,17 @@ def _api_call():
             st.fixed_dictionaries({}, optional={"scale": S.floats})),
         st.tuples(st.sampled_from(["unload_adapter", "set_adapter_scale"]),
                   st.tuples(st.just("<model>"), S.weird if S.known("N4") else S.hashable), st.just({})),
+        # scoring (docs/scoring.md): texts, token lists and junk; sizes at their bounds
+        st.tuples(st.just("score"), st.tuples(st.just("<model>"), S.prompts),
+                  st.fixed_dictionaries({}, optional={"top": st.one_of(S.ints, S.weird),
+                                                      "window": st.one_of(S.ints, S.weird),
+                                                      "overlap": st.one_of(S.ints, S.weird), "cache_scope": scope})),
+        st.tuples(st.sampled_from(["loglikelihood", "loglikelihood_rolling"]),
+                  st.tuples(st.just("<model>"), st.one_of(st.lists(st.tuples(S.text, S.text), max_size=3),
+                                                          st.lists(S.text, max_size=3), S.weird)), st.just({})),
+        st.tuples(st.just("perplexity"), st.tuples(st.just("<model>"), st.one_of(S.text, S.weird)),
+                  st.fixed_dictionaries({}, optional={"n_ctx": st.one_of(S.ints, S.weird),
+                                                      "n_chunks": st.one_of(S.ints, S.weird)})),
     ]
     if S.known(11):
         calls.append(st.tuples(st.just("unpin_row"), st.tuples(st.one_of(S.text, S.weird)), st.just({})))

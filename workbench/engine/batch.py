@@ -137,8 +137,14 @@ class DecodeBatch:
             self.pad = rows.pad(len(self.prompt), req.seq, req.n_past + last.take, req.feed[last.take - 1])
 
 
+SCORE_ROWS = 512   # most rows of one scoring request in a decode: each has logits (n_vocab floats)
+
+
 def view_of(req: Request) -> SeqView:
-    return SeqView(ref=req.ref, phase=req.phase, feed=len(req.feed), n_past=req.n_past, boundary=req.boundary,
+    """What a strategy sees of a request; a scoring request offers at most SCORE_ROWS rows a
+    tick, so the logits a decode holds stay bounded (and its step short)."""
+    feed = len(req.feed) if req.score is None else min(len(req.feed), SCORE_ROWS)
+    return SeqView(ref=req.ref, phase=req.phase, feed=feed, n_past=req.n_past, boundary=req.boundary,
                    prompt_tokens=len(req.prompt), generated=len(req.generated))
 
 
