@@ -3,6 +3,7 @@ usage errors, plain-text output, results under --as, the kernel's Interrupt."""
 
 from __future__ import annotations
 
+import html
 import itertools
 import time
 from typing import Any
@@ -125,6 +126,23 @@ def test_generate_prints_text_and_stores_the_result(shell: Any, model: str,
 
 
 @pytest.mark.model
+def test_an_empty_reply_says_why(shell: Any, model: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """A chat model given a plain question (no chat template) samples its end-of-generation
+    token first: the reply is empty, and the view and the Result say why and what to try."""
+    r = shell.run_cell("%%generate --temperature 0 --max-tokens 8 --as nbtest_e\nWhat is the capital of France?")
+    assert r.success, r.error_in_exec
+    res = shell.user_ns["nbtest_e"]
+    assert res.reply == "" and res.stats.generated_tokens == 0 and res.finish_reason == "stop"
+    why = ("the model ended its turn at once (its first token was end-of-generation); a chat model usually "
+           "needs its chat template: try %%chat (or workbench.chat)")
+    out = capsys.readouterr().out
+    last = out.splitlines()[-1]
+    assert "+ 0 generated · " in last and last.endswith(f" · {why}")
+    assert "end of turn" not in out
+    assert res.as_text().endswith(why) and html.escape(why) in res._repr_html_()
+
+
+@pytest.mark.model
 def test_wb_history_covers_every_request_in_milliseconds(shell: Any, model: str) -> None:
     a = wb.complete(model, "One two three", response_tokens=3, ignore_eos=True)
     b = wb.complete(model, "Four five six", response_tokens=3, ignore_eos=True)
@@ -209,12 +227,19 @@ def test_interrupt_cancels_the_request(shell: Any, monkeypatch: pytest.MonkeyPat
 
 @pytest.mark.model
 def test_background_generation(shell: Any) -> None:
-    assert shell.run_cell("%%generate --background --max-tokens 8 --as nbtest_bg\nHello there").success
-    deadline = time.monotonic() + 60
-    while shell.user_ns.get("nbtest_bg") is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    res = shell.user_ns["nbtest_bg"]
-    assert res is not None and res.ok and res.stats.generated_tokens <= 8
+    """While it runs, the variable shows that it runs (not None); once done, the Result."""
+    assert shell.run_cell("%%generate --background --max-tokens 100 --ignore-eos --as nbtest_bg\n"
+                          "Write a long story about a dragon:").success
+    handle = shell.user_ns["nbtest_bg"]
+    assert handle.running and handle.result is None
+    assert "running in the background · " in handle.as_text() and handle.as_text() in repr(handle)
+    res = handle.wait(600)
+    assert res is not None and res.ok and res.stats.generated_tokens == 100
+    assert handle.as_text() == res.as_text() and not handle.running
+    deadline = time.monotonic() + 10  # on_done stores the Result just after the handle has it
+    while shell.user_ns["nbtest_bg"] is handle and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert shell.user_ns["nbtest_bg"] is res
 
 
 @pytest.mark.model
@@ -291,6 +316,10 @@ def test_chat_thinking_on_a_template_without_it_says_so_once(shell: Any,
     assert shell.run_cell("%%chat --thinking --max-tokens 4 --new\nHi").success
     first = capsys.readouterr().out
     assert f"note: {model}'s chat template has no thinking block" in first
+    lines = first[first.index("note: "):].splitlines()
+    note = lines[:next(i for i, line in enumerate(lines) if line.endswith("to split one out)")) + 1]
+    assert len(note) > 1 and all(len(line) <= 88 for line in note)  # wrapped between words, by us
+    assert " ".join(note).endswith("load the model with thinking_markers={'start': ..., 'end': ...} to split one out)")
     assert shell.run_cell("%%chat --thinking --max-tokens 4 --new\nHi again").success
     assert "thinking block" not in capsys.readouterr().out  # once per model
 

@@ -98,6 +98,19 @@ def test_style_shows_units_and_short_keys() -> None:
     assert rows["bytes"].dtype == "int64"  # the frame keeps its numbers
 
 
+def test_style_is_one_way_to_show_every_kind_of_figure() -> None:
+    """Counts with separators, fractions as percents, seconds to the millisecond, clock
+    readings without exponents, other floats to four digits; the frame is untouched."""
+    df = pd.DataFrame({"n_params": pd.array([134_515_008], dtype="Int64"), "acceptance": [0.666667],
+                       "ttft_s": [0.0421337], "itl_ms": [12.3456], "created_at": [1_796_286_123.456],
+                       "score": [1_796_286_123.5], "ratio": [0.912399], "pinned": [True]})
+    text = views.style(df).to_string()
+    for shown in ("134,515,008", "66.7%", "0.042", "12.3", "1796286123.5", "0.9124", "True"):
+        assert shown in text, shown
+    assert "e+09" not in text and "0.666667" not in text
+    assert df["acceptance"].tolist() == [0.666667] and df["n_params"].tolist() == [134_515_008]
+
+
 def test_models_give_the_parameter_count_in_words(monkeypatch: pytest.MonkeyPatch) -> None:
     infos = [{"model_id": "small", "desc": "llama 256M Q4_1", "n_params": 134_515_008},
              {"model_id": "big", "desc": "qwen2 1.5B Q8_0", "n_params": 1_543_714_304}]

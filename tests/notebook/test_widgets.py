@@ -70,8 +70,8 @@ def test_live_facts_show_before_the_end() -> None:
     w.observe(running_info(phase="generating", prefilled_tokens=300))
     assert w.progress_row.layout.display == "none"
     feed(w, [TokenId(1), Token("a"), TokenId(2), Token("b"), TokenId(3), Token("c")])
-    w.observe(running_info(phase="generating", prefilled_tokens=300))
-    assert "running · 3 of 64 tokens · " in w.stats.value and "tok/s" in w.stats.value
+    w.observe(running_info(phase="generating", prefilled_tokens=300, decode_tps=45.25))
+    assert "running · 3 of 64 tokens · " in w.stats.value and "45.2 tok/s" in w.stats.value
     feed(w, [done("abc", reason="length")])
     assert "max tokens reached" in w.stats.value
     w.observe(running_info(phase="generating", cache_hit_kind="cold"))  # late snapshots change nothing
@@ -93,6 +93,24 @@ def test_why_it_ended_is_said_in_words(reason: str, stop: str | None, words: str
     feed(w, [d])
     assert w.stats.value.endswith(f"· {html.escape(words)}</span>")
     assert Result.of(CompletionResult.from_done(d, "m", 1)).summary().endswith(f"· {words}")
+
+
+def test_a_reply_ended_before_its_first_token_says_why() -> None:
+    """EOG sampled first: the words say so (a chat turn without the %%chat hint); a stop
+    string hit at once, or a reply with tokens, keep their usual words."""
+    from workbench.notebook.results import stats_line
+
+    empty = stats(generated_tokens=0, decode_tps=None)
+    why = "the model ended its turn at once (its first token was end-of-generation)"
+    assert stats_line(empty, "stop", None, chat=True).endswith(f" · {why}")
+    assert stats_line(empty, "stop", None).endswith(f" · {why}; a chat model usually needs its chat "
+                                                    "template: try %%chat (or workbench.chat)")
+    assert stats_line(empty, "stop", ",").endswith("stopped at stop sequence ','")
+    assert stats_line(stats(), "stop", None).endswith(" · end of turn")
+    w = TextView("m", out=io.StringIO())
+    feed(w, [Done("", (), (9,), "stop", None, empty)])  # type: ignore[arg-type]
+    assert w.out.getvalue().endswith(f"{why}; a chat model usually needs its chat template: try %%chat "  # type: ignore[union-attr]
+                                     "(or workbench.chat)\n")
 
 
 def test_the_last_tokens_show_despite_the_throttle() -> None:
@@ -277,6 +295,39 @@ def test_widget_reply_equals_the_result_and_the_badge_comes_early(model: str) ->
     assert result.reply and w.reply.value == reply_html(result.reply)
     assert w.as_text().startswith(result.reply + "\n")
     assert badge_before_done and "wb-hit-cold" in badge_before_done[0]
+
+
+@pytest.mark.model
+def test_live_and_final_tok_s_are_one_figure(model: str) -> None:
+    """The live tok/s and the final one are the same rule on the same (the engine's)
+    timestamps: a view that falls behind the stream (here it is slow to take the first
+    token, so the next ones queue up and reach it in a burst) still shows the rate the
+    stats line ends with, not the rate at which the events reached it."""
+    import re
+    import time
+
+    s = wb.stream(model, "Write a long story about a lighthouse keeper:", response_tokens=120,
+                  ignore_eos=True, cache=False)
+    w = GenerationWidget(model, throttle_s=0.0)
+    live: list[str] = []
+    real_feed = w.feed
+
+    def slow_feed(ev: object) -> None:
+        if isinstance(ev, TokenId) and w.transcript.n_tokens == 0:  # the view falls behind a third
+            deadline = time.monotonic() + 60  # of the reply: those events then reach it at once
+            while wb.request_info(s.ref)["generated_tokens"] < 40 and time.monotonic() < deadline:
+                time.sleep(0.01)
+        real_feed(ev)
+        if not isinstance(ev, Done):
+            live.append(w.stats.value)
+
+    w.feed = slow_feed  # type: ignore[method-assign]
+    result = transcript.consume(s, w, tick_s=0.0)
+    rates = [float(m.group(1)) for v in live if (m := re.search(r"([0-9.]+) tok/s", v))]
+    final = float(re.search(r"([0-9.]+) tok/s", w.stats.value).group(1))  # type: ignore[union-attr]
+    assert rates and result.stats.decode_tps is not None
+    assert final == pytest.approx(result.stats.decode_tps, abs=0.05)
+    assert rates[-1] == pytest.approx(final, rel=0.05)
 
 
 def test_accepted_draft_tokens_are_marked_in_the_reply() -> None:

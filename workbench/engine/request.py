@@ -150,11 +150,23 @@ class Request:
             return
         _finished.notify(record)
 
+    def decode_s(self) -> float:
+        """From the first token to the newest, on the engine's clock (when each was sampled)."""
+        first, last = self.first_token_at, self.last_token_at
+        return (last - first) if first and last else 0.0
+
+    def decode_tps(self) -> float | None:
+        """Tokens per second of decoding: (generated - 1) / decode_s, None before the second
+        token. THE rate: the final Stats.decode_tps and the live request_info()['decode_tps']
+        a notebook view shows while the request runs."""
+        n_gen, decode_s = len(self.generated), self.decode_s()
+        return (n_gen - 1) / decode_s if decode_s > 0 and n_gen > 1 else None
+
     def stats(self) -> Stats:
         now = time.perf_counter()
         prefill_s = (self.prefill_done_at or now) - (self.prefill_started_at or now)
         n_gen = len(self.generated)
-        decode_s = (self.last_token_at - self.first_token_at) if (self.first_token_at and self.last_token_at) else 0.0
+        decode_s = self.decode_s()
         return Stats(
             prompt_tokens=len(self.prompt),
             generated_tokens=n_gen,
@@ -163,7 +175,7 @@ class Request:
             prefill_s=prefill_s,
             prefill_tps=(self.prefilled / prefill_s) if prefill_s > 0 and self.prefilled else None,
             decode_s=decode_s,
-            decode_tps=((n_gen - 1) / decode_s) if decode_s > 0 and n_gen > 1 else None,
+            decode_tps=self.decode_tps(),
             total_s=now - self.submitted_at,
             queued_s=((self.admitted_at or now) - self.submitted_at),
             seed=self.seed,
@@ -201,6 +213,7 @@ class Request:
             "prefilled_tokens": self.prefilled,
             "generated_tokens": len(self.generated),
             "response_tokens": self.opts.response_tokens,
+            "decode_tps": self.decode_tps(),
             "age_s": time.perf_counter() - self.submitted_at,
             "cancel_requested": self.cancel_requested,
         }

@@ -20,6 +20,7 @@ delegates to the public API, `views` and `widgets`; the %wb subcommands live in
 from __future__ import annotations
 
 import json
+import textwrap
 from dataclasses import dataclass, field
 from collections.abc import Callable
 from pathlib import Path
@@ -39,6 +40,7 @@ from workbench.notebook.commands import SUBCOMMANDS, parse_arguments, usage_erro
 from workbench.notebook.results import Result
 
 DEFAULT_VAR = "_wb"
+NOTE_WIDTH = 88  # notes are wrapped between words here (a notebook's output wraps mid-word)
 
 
 # --- generation arguments ----------------------------------------------------------------------
@@ -247,9 +249,8 @@ class WorkbenchMagics(Magics):
             return
         # a blocking cell: a click cannot reach the kernel before it ends, unless in the background
         stream, view, finished = self._start(job, live_cancel=args.background)
-        if args.background:
-            self.user_ns[args.var] = None
-            transcript.consume_in_background(stream, view, finished)
+        if args.background:  # the variable holds the running handle, then the Result
+            self.user_ns[args.var] = transcript.consume_in_background(stream, view, finished)
             return
         try:
             result = transcript.consume(stream, view)
@@ -282,8 +283,9 @@ class WorkbenchMagics(Magics):
         if plan is None or plan.markers is not None or job.model in self.thinking_warned:
             return
         self.thinking_warned.add(job.model)
-        print(f"note: {job.model}'s chat template has no thinking block, so --thinking shows none "
-              "(load the model with thinking_markers={'start': ..., 'end': ...} to split one out)")
+        print(textwrap.fill(f"note: {job.model}'s chat template has no thinking block, so --thinking shows "
+                            "none (load the model with thinking_markers={'start': ..., 'end': ...} to split "
+                            "one out)", NOTE_WIDTH, break_long_words=False, break_on_hyphens=False))
 
     # -- %%chat --------------------------------------------------------------------------------
     @cell_magic

@@ -8,6 +8,7 @@ import html
 from dataclasses import dataclass
 from typing import Any
 
+from workbench.chat import ChatResult
 from workbench.engine.events import CompletionResult, Stats
 
 HIT_COLOURS = {"cold": "#6c757d", "partial": "#fd7e14", "exact": "#198754", "sticky": "#0d6efd",
@@ -24,10 +25,27 @@ def finish_words(finish_reason: str | None, stop_sequence: str | None = None) ->
     return {"length": "max tokens reached"}.get(finish_reason or "", finish_reason or "")
 
 
-def stats_line(stats: Stats | None, finish_reason: str | None = None, stop_sequence: str | None = None) -> str:
+def ended_at_once(stats: Stats | None, finish_reason: str | None, stop_sequence: str | None,
+                  chat: bool = False) -> str | None:
+    """Why a reply is empty, when the model ended its turn before any token: the first token
+    it sampled was its end-of-generation token (the engine stops there and keeps none of
+    it). A completion's prompt (no chat template) is the usual cause with a chat model,
+    which then says nothing; None when the reply did not end that way."""
+    if finish_reason != "stop" or stop_sequence or stats is None or stats.generated_tokens:
+        return None
+    why = "the model ended its turn at once (its first token was end-of-generation)"
+    if chat:
+        return why
+    return f"{why}; a chat model usually needs its chat template: try %%chat (or workbench.chat)"
+
+
+def stats_line(stats: Stats | None, finish_reason: str | None = None, stop_sequence: str | None = None,
+               chat: bool = False) -> str:
     """'ttft 41 ms · 88.2 tok/s · 12 prompt (3 prefilled) + 32 generated · cache: 9 tokens
     read, 34 stored · end of turn' (parts without data are left out; cache counts are
-    tokens; the reason the generation ended in words, see finish_words)."""
+    tokens; the reason the generation ended in words, see finish_words; a reply the model
+    ended before its first token says so instead, see ended_at_once: `chat`, whether the
+    request was a chat turn)."""
     parts: list[str] = []
     if stats is not None:
         if stats.ttft_s is not None:
@@ -42,7 +60,10 @@ def stats_line(stats: Stats | None, finish_reason: str | None = None, stop_seque
         if spec:
             parts.append(f"speculative {spec.get('kind', '')}: {spec.get('accepted', 0)} of "
                          f"{spec.get('drafted', 0)} drafted tokens accepted")
-    if finish_reason:
+    at_once = ended_at_once(stats, finish_reason, stop_sequence, chat)
+    if at_once is not None:
+        parts.append(at_once)
+    elif finish_reason:
         parts.append(finish_words(finish_reason, stop_sequence))
     return " · ".join(parts)
 
@@ -154,7 +175,8 @@ class Result:
         """The stats line, or the error."""
         if self.error is not None:
             return f"error: {type(self.error).__name__}: {self.error}"
-        return stats_line(self.stats, self.finish_reason, None if self.raw is None else self.raw.stop_sequence)
+        return stats_line(self.stats, self.finish_reason, None if self.raw is None else self.raw.stop_sequence,
+                          chat=isinstance(self.raw, ChatResult))
 
     def __repr__(self) -> str:
         preview = self.reply if len(self.reply) <= 60 else self.reply[:57] + "..."

@@ -69,8 +69,6 @@ class Transcript:
         self.done: Done | None = None
         self.error: BaseException | None = None
         self.started_at = time.monotonic()
-        self.first_token_at: float | None = None
-        self.last_token_at: float | None = None
         self.info: dict[str, Any] = {}  # the newest request_info while it runs
         self.segments: list[tuple[str, bool]] = []  # the streamed text: (piece, from accepted drafts)
         self._drafted = False  # whether the newest TokenId was an accepted draft token
@@ -86,9 +84,6 @@ class Transcript:
             return "token"
         if isinstance(ev, TokenId):
             self._drafted = bool(getattr(ev, "draft", False))
-            self.last_token_at = time.monotonic()
-            if self.first_token_at is None:
-                self.first_token_at = self.last_token_at
             self.n_tokens += 1
             return None
         if isinstance(ev, Thinking):
@@ -190,11 +185,11 @@ class Transcript:
         return time.monotonic() - self.started_at
 
     def live_tps(self) -> float | None:
-        """Tokens per second since the first token (None before the second)."""
-        if self.first_token_at is None or self.last_token_at is None or self.n_tokens < 2:
-            return None
-        span = self.last_token_at - self.first_token_at
-        return (self.n_tokens - 1) / span if span > 0 else None
+        """The decode rate so far, from the newest request_info (Request.decode_tps: the
+        engine's token times, the rule of the final Stats.decode_tps); None before the
+        second token."""
+        tps = self.info.get("decode_tps")
+        return None if tps is None else float(tps)
 
     def live_line(self) -> str:
         """'queued · 0.3 s', 'prefill 2,048 of 8,192 prompt tokens (1,024 restored from cache,
@@ -215,7 +210,8 @@ class Transcript:
         if self.error is not None:
             return f"error: {type(self.error).__name__}: {self.error}"
         if self.done is not None:
-            return stats_line(self.done.stats, self.done.finish_reason, self.done.stop_sequence)
+            return stats_line(self.done.stats, self.done.finish_reason, self.done.stop_sequence,
+                              chat=isinstance(self.done, ChatDone))
         return f"{self.state} · {self.live_line()}"
 
 
@@ -319,9 +315,47 @@ def _drain(stream: Any, view: Any, timeout_s: float) -> None:
         view.close()
 
 
-def consume_in_background(stream: Any, view: Any, on_done: Callable[[Result], None]) -> threading.Thread:
+class Background:
+    """A generation running on a thread (`%%generate --background`), as its variable holds it
+    until it ends: shows 'running · 12 of 64 tokens · 1.4 s', then the Result; `result` is
+    None until then, `wait(timeout_s)` returns it (None if it has not ended in time)."""
+
+    def __init__(self, view: Any) -> None:
+        self.view = view
+        self.result: Result | None = None
+        self._ended = threading.Event()
+
+    @property
+    def running(self) -> bool:
+        return not self._ended.is_set()
+
+    def finish(self, result: Result) -> None:
+        self.result = result
+        self._ended.set()
+
+    def wait(self, timeout_s: float | None = None) -> Result | None:
+        self._ended.wait(timeout_s)
+        return self.result
+
+    def as_text(self) -> str:
+        if self.result is not None:
+            return self.result.as_text()
+        t = self.view.transcript
+        ref = "" if t.ref is None else f" #{t.ref}"
+        return f"[{t.tag()}] {t.model}{ref} running in the background · {t.live_line()}"
+
+    def __repr__(self) -> str:
+        return repr(self.result) if self.result is not None else f"<Background {self.as_text()}>"
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        p.text(self.as_text())
+
+
+def consume_in_background(stream: Any, view: Any, on_done: Callable[[Result], None]) -> Background:
     """Consume on a daemon thread (the cell returns at once, so the Cancel button works
-    while the request runs); `on_done(result)` is called at the end."""
+    while the request runs); `on_done(result)` is called at the end. Returns the handle
+    that shows the running generation, then its Result."""
+    handle = Background(view)
 
     def run() -> None:
         try:
@@ -329,8 +363,8 @@ def consume_in_background(stream: Any, view: Any, on_done: Callable[[Result], No
         except BaseException as exc:  # noqa: BLE001 - shown in the view, never lost on a thread
             view.fail(exc)
             result = view.transcript.result(stream.ref)
+        handle.finish(result)
         on_done(result)
 
-    th = threading.Thread(target=run, name=f"workbench-generate-{stream.ref}", daemon=True)
-    th.start()
-    return th
+    threading.Thread(target=run, name=f"workbench-generate-{stream.ref}", daemon=True).start()
+    return handle

@@ -279,28 +279,45 @@ def tiers(cache: AnyCache | str | None = None) -> pd.DataFrame:
 # --- display ----------------------------------------------------------------------------------
 
 def style(df: pd.DataFrame) -> Any:
-    """A pandas Styler showing a view with units: bytes columns as KiB/MiB/GiB (an NA
-    budget as "unbounded"), occupancy as a percent, seconds and MiB to 0.1, keys cut to 12
-    characters, scores and times to 10 digits. The DataFrame keeps its raw numbers."""
+    """A pandas Styler showing a view with units, the one way the workbench's tables show
+    figures: bytes columns (`bytes`, `*_bytes`) as KiB/MiB/GiB (an NA budget as
+    "unbounded"), fractions (occupancy, acceptance) as a percent, seconds (`*_s`) to the
+    millisecond, milliseconds (`*_ms`), MiB and rates (`*_tps`) to 0.1, counts with
+    thousands separators, clock readings (score, *_at, arrival) to 0.1 s, other figures to
+    4 significant digits, keys cut to 12 characters. The DataFrame keeps its raw numbers."""
     names = [str(c) for c in df.columns]
     sized = [c for c in names if c == "bytes" or c.endswith("_bytes")]
-    formats = {c: f for c in names if (f := _display_format(c)) is not None}
+    formats = {c: f for c in names if c not in sized and (f := _display_format(c, df[c].dtype)) is not None}
     styler = df.style.format(formats, na_rep="-").format(_bytes_text, subset=sized)
     if df.index.name == "key":
         styler = styler.format_index(lambda k: str(k)[:12])
     return styler
 
 
-def _display_format(column: str) -> str | None:
-    if column == "occupancy":
-        return "{:.0%}"
+FRACTIONS = ("occupancy", "acceptance")  # shown as a percent
+CLOCKS = ("score", "arrival")            # readings of a clock (seconds), as are *_at columns
+
+
+def _display_format(column: str, dtype: Any = None) -> str | None:
+    if column in FRACTIONS:
+        return "{:.0%}" if column == "occupancy" else "{:.1%}"
     if column == "percent_full":
         return "{:.0f}%"
     if column == "score_norm":
         return "{:.2f}"
-    if column in ("score", "last_hit_at", "created_at"):
-        return "{:.10g}"
-    return "{:.1f}" if column.endswith(("_s", "MiB")) else None
+    if column in CLOCKS or column.endswith("_at"):
+        return "{:.1f}"
+    if column.endswith("_s"):
+        return "{:.3f}"
+    if column.endswith(("_ms", "MiB", "_tps")):
+        return "{:.1f}"
+    if dtype is not None and pd.api.types.is_bool_dtype(dtype):
+        return None
+    if dtype is not None and pd.api.types.is_integer_dtype(dtype):
+        return "{:,}"
+    if dtype is not None and pd.api.types.is_float_dtype(dtype):
+        return "{:.4g}"
+    return None
 
 
 def _bytes_text(value: Any) -> str:
