@@ -12,7 +12,7 @@ NATIVE_SRC := $(wildcard csrc/*.cpp csrc/*.h) CMakeLists.txt pyproject.toml vend
 PYTEST_ARGS ?=
 GUIDELLM_VENV := build/guidellm-venv
 
-.PHONY: all setup build tools model demo lint test test-heavy fuzz crash-test sanitize bench vendor-check clean
+.PHONY: all setup build tools server-tool bench-serving model demo lint test test-heavy fuzz crash-test sanitize bench vendor-check clean
 
 all: build
 
@@ -56,7 +56,15 @@ build: $(VENV)/.built
 
 # llama.cpp's own programs from the same build tree (for bench/ and parity tests)
 tools: build
-	cmake --build "$$($(PY) bench/_paths.py build-dir)" --target llama-bench llama-batched-bench llama-simple llama-speculative-simple llama-lookup
+	cmake --build "$$($(PY) bench/_paths.py build-dir)" --target llama-bench llama-batched-bench llama-simple llama-speculative-simple llama-lookup llama-perplexity
+
+# llama-server from the same tree and flags, for bench/bench_serving.py only: not part of
+# `tools` (which `make test` builds), to keep the test run's build short
+server-tool: build
+	cmake --build "$$($(PY) bench/_paths.py build-dir)" --target llama-server
+
+bench-serving: model server-tool
+	$(PY) bench/bench_serving.py
 
 model: build
 	$(PY) -m workbench.models fetch
