@@ -13,10 +13,9 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .cache import DEFAULT_POLICY, TieredCache, get_policy
+from .cache import DEFAULT_POLICY, get_policy
 from .cache import shared
 from .cache.chunk_tier_admin import fill_roots
-from .cache.chunked import ChunkedCache
 from .errors import InvalidOption
 from .options import check_bool, check_int, check_number
 from .options.rules import one_of
@@ -88,13 +87,11 @@ def add_tier(kind: str, name: str | None = None, root: str | None = None,
     spec = {"kind": kind, "name": name, "root": root, "budget_bytes": budget_bytes, "policy": policy}
     cache = shared.shared_cache()
     spec = {k: v for k, v in spec.items() if v is not None}
-    tier = shared.make_tier(fill_roots([spec])[0] if isinstance(cache, ChunkedCache) else spec)
+    tier = shared.make_tier(cache.tier_spec(spec))
     try:
         cache.add_tier(tier, policy, position=position)
     except ValueError as e:
         raise InvalidOption("name", tier.name, f"a tier name not in use ({e})", "tier") from None
-    if tier.persistent and isinstance(cache, TieredCache):
-        cache.scan()
     return next(t for t in cache.list_tiers() if t["name"] == tier.name)
 
 
@@ -108,11 +105,11 @@ def remove_tier(name: str, purge: bool = False) -> int:
     return cache.remove_tier(name, purge=purge)
 
 
-def _chunked_cache() -> ChunkedCache:
-    cache = shared.shared_cache()
-    if not isinstance(cache, ChunkedCache):
+def _chunks() -> list[dict[str, Any]]:
+    chunks = shared.shared_cache().chunk_rows()
+    if chunks is None:
         raise InvalidOption("storage", "rows", "a cache configured with storage='chunks'", "cache")
-    return cache
+    return chunks
 
 
 def _tier_name(cache: Any, name: Any) -> str:
@@ -129,8 +126,7 @@ def list_tiers() -> list[dict[str, Any]]:
 def cache_info() -> dict[str, Any]:
     """Storage (``'chunks'`` or ``'rows'``), rows, pins, tiers (with their policies and usage)
     and counters; in chunk storage also the chunk size."""
-    cache = shared.shared_cache()
-    return {"storage": "chunks" if isinstance(cache, ChunkedCache) else "rows", **cache.info()}
+    return shared.shared_cache().info()
 
 
 def cache_rows() -> list[dict[str, Any]]:
@@ -143,7 +139,7 @@ def cache_chunks() -> list[dict[str, Any]]:
     """Every chunk of a chunked cache (``configure_cache(storage='chunks')``): key, parent,
     tokens, bytes, refcount (rows naming it), children, leaf, protected, its eviction score
     (lower goes first; only leaves are evicted), hits and tier. InvalidOption with rows."""
-    return _chunked_cache().chunk_rows()
+    return _chunks()
 
 
 def wait_for_saves(timeout_s: float | None = 30.0) -> bool:

@@ -148,7 +148,7 @@ def test_resolve_cache_errors(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(wb, "list_models", lambda: [])
     with pytest.raises(wb.errors.InvalidOption, match="0 models are loaded"):
         views.cache_rows()
-    with pytest.raises(wb.errors.InvalidOption, match="a TieredCache or a model id"):
+    with pytest.raises(wb.errors.InvalidOption, match="a prefix cache .a TieredCache or ChunkedCache. or a model id"):
         views.cache_rows(42)  # type: ignore[arg-type]
     with pytest.raises(wb.errors.NotLoaded):
         views.cache_rows("no-such-model")

@@ -1,6 +1,9 @@
 """Tiered, crash-safe, content-addressed KV prefix cache (model independent).
 
 Layers, calls going downward only:
+    interface   PrefixCache, the one interface its callers use (both storages implement
+                it), and SequenceKv, the adapter it moves KV through (engine/kv_access.py)
+    chunked     ChunkedCache (the default storage) over chunk_store and its chunk_* modules
     tiered      TieredCache: put/get/lookup over ordered tiers, pins, counters
     levels      a tier bound to its eviction policy, with its byte accounting
     policies    lru, lfu, frecency, gdsf, s3fifo (s3fifo.py, over csrc/eviction.h)
@@ -14,6 +17,7 @@ See docs/cache.md for the design choices.
 """
 
 from workbench.cache.counters import Counters
+from workbench.cache.interface import PrefixCache, SequenceKv
 from workbench.cache.format import ChecksumAlgo, CorruptReason, CorruptRow, Row, RowMeta, encode_row, read_row
 from workbench.cache.keys import CacheNamespace, block_hashes, row_key, token_bytes
 from workbench.cache.policies import (
@@ -39,8 +43,8 @@ __all__ = [
     "DEFAULT_POLICY", "GDSF", "LFU", "LRU", "POLICIES", "S3FIFO",
     "CacheNamespace", "ChecksumAlgo", "CorruptReason", "CorruptRow", "Counters", "DiskTier",
     "EvictionPolicy", "Frecency", "FunctionPolicy", "HitKind", "KeyConflict", "Match",
-    "PrefixIndex", "RamTier", "Row", "RowMeta", "RowMissing", "RowStats", "SaveQueue",
-    "SaveReason", "ScanReport", "ShmTier", "Tier", "TieredCache",
+    "PrefixCache", "PrefixIndex", "RamTier", "Row", "RowMeta", "RowMissing", "RowStats", "SaveQueue",
+    "SaveReason", "ScanReport", "SequenceKv", "ShmTier", "Tier", "TieredCache",
     "block_hashes", "encode_row", "get_policy", "publish_row", "read_row", "row_key",
     "scan_dir", "token_bytes",
 ]

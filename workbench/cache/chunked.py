@@ -36,7 +36,9 @@ from workbench.cache.chunk_catalog import ChunkPlan
 from workbench.cache.chunk_store import ChunkStore
 from workbench.cache.chunk_tier_admin import CHUNK_TIERS, in_order, to_chunk_tier
 from workbench.cache.chunk_tier_views import row_dicts, tier_dicts, tier_of
+from workbench.cache.chunk_tier_admin import fill_roots
 from workbench.cache.format import CorruptReason, CorruptRow
+from workbench.cache.interface import Held, MaxPayload, PrefixCache, Restored, Saved, SequenceKv
 from workbench.cache.keys import CacheNamespace, Tokens
 from workbench.cache.policies import DEFAULT_POLICY, PolicySpec
 from workbench.cache.queued import QueuedSaves
@@ -77,7 +79,7 @@ class _Prefixes:
 MIN_CHAIN_TOKENS = 16
 
 
-class ChunkedCache(QueuedSaves):
+class ChunkedCache(QueuedSaves, PrefixCache):
     storage = "chunks"
 
     def __init__(self, store: ChunkStore, *, dir_kind: str | None = None, save_workers: int = 2,
@@ -129,6 +131,55 @@ class ChunkedCache(QueuedSaves):
         left = chunk_tier_admin.remove_tier(self._store, name, purge)
         self.tier_generation += 1
         return left
+
+    def tier_spec(self, spec: dict[str, Any]) -> dict[str, Any]:
+        """A shm or disk tier without a root gets its kind's default chunk directory."""
+        return dict(fill_roots([spec])[0])
+
+    # -- the engine's calls ----------------------------------------------------------------
+    def restore(self, namespace: CacheNamespace, prompt: list[int], parent_key: str | None, kv: SequenceKv,
+                max_payload: MaxPayload) -> Restored | None:
+        """Join the longest stored prefix of ``prompt`` into ``kv``. The chain's payloads are
+        verified here (checksums, keys recomputed); the native join checks keys, positions
+        and layout again before llama.cpp sees the state, ending at the match's length (a
+        row served by a longer chunk's first positions, a prompt that leaves a chunk). A
+        refused join removes the chain (``reject_chain``: rejected_bad_state)."""
+        hit, by_key = self.find_prefix(namespace, prompt, parent_key)
+        if hit is None:
+            return None
+        pieces = self.read(hit, max_payload(self.chunk_size))
+        if pieces is None:
+            return None
+        with self.timed("unpack_ns"):
+            loaded = kv.load_chunks(pieces, hit.chunks, hit.n_tokens)
+        if not loaded:
+            self.reject_chain(hit.chunks, CorruptReason.BAD_STATE)
+            return None
+        shared = hit.n_tokens if hit.key is not None and self.is_pinned(hit.key) else None
+        return Restored(hit.n_tokens, HitKind.of(hit.n_tokens, len(prompt), by_key=by_key), hit.key, hit.tier,
+                        shared)
+
+    def save(self, namespace: CacheNamespace, tokens: list[int], kv: SequenceKv, reason: SaveReason, *,
+             sync: bool = False, live: bool = False, marks: Sequence[int] = ()) -> Saved | None:
+        """Only the chunks the cache lacks are cut out of llama.cpp (``plan``), then stored
+        (synchronously, or by the writer pool)."""
+        key = keys.row_key(namespace.digest(), tokens)
+        if key in self:
+            return self.keep_stored(key, reason, live)
+        plan = self.plan(namespace, tokens, marks)
+        with self.timed("pack_ns"):
+            pieces = kv.cut(plan.keys, self.chunk_size, plan.first, plan.ends)
+        if pieces is None:
+            return None
+        if sync:
+            stored = self.put(namespace, tokens, pieces, reason, live=live, ends=plan.ends)
+            return None if stored is None else Saved(stored, new=True)
+        queued = self.put_async(namespace, tokens, pieces, reason, live=live, ends=plan.ends)
+        return Saved(key, new=True) if queued else None
+
+    def held(self, namespace: CacheNamespace, tokens: Tokens) -> Held:
+        hit = self.probe(namespace, tokens)
+        return Held(0, None) if hit is None else Held(hit.n_tokens, hit.tier)  # the chain a restore reads
 
     # -- rows ------------------------------------------------------------------------------
     def missing(self, namespace: CacheNamespace, tokens: Tokens) -> int:

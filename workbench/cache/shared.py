@@ -16,6 +16,7 @@ from ..errors import InvalidOption
 from .chunk_store import DEFAULT_CHUNK_SIZE
 from .chunk_peer_scan import PeerMemo
 from .chunked import ChunkedCache, chunked_cache
+from .interface import PrefixCache
 from .policies import DEFAULT_POLICY
 from .store import ROW_SUFFIX
 from .tiered import TieredCache
@@ -23,7 +24,6 @@ from .tiers import DiskTier, RamTier, ShmTier, Tier
 
 DEFAULT_RAM_BUDGET = 1 << 30
 STORAGES = ("rows", "chunks")
-PrefixCache = TieredCache | ChunkedCache
 _lock = threading.Lock()
 _cache: PrefixCache | None = None
 
@@ -160,6 +160,7 @@ class PeerRows:
                 return 0
             if isinstance(cache, ChunkedCache):
                 return self._adopt_chunks(cache, changed)
+            assert isinstance(cache, TieredCache)
             return sum(cache.adopt_files(tiers[root], self._row_files(root)) for root in changed)
 
     def _tiers(self, cache: PrefixCache) -> dict[str, str]:

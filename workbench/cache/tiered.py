@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -30,6 +30,7 @@ from workbench.cache import keys
 from workbench.cache.catalog import Catalog
 from workbench.cache.counters import Counters
 from workbench.cache.format import CorruptReason, CorruptRow, RowMeta
+from workbench.cache.interface import Held, MaxPayload, PrefixCache, Restored, Saved, SequenceKv
 from workbench.cache.keys import CacheNamespace, Tokens
 from workbench.cache.levels import Level
 from workbench.cache.placement import Job, TierStack
@@ -41,8 +42,10 @@ from workbench.cache.tiers import Detached, RowMissing, Tier
 from workbench.cache.types import HitKind, Match, RowStats, SaveReason
 
 
-class TieredCache(RowScans, QueuedSaves):
+class TieredCache(RowScans, QueuedSaves, PrefixCache):
     """Content-addressed KV prefix cache over ordered tiers; all methods are thread-safe."""
+
+    storage = "rows"
 
     def __init__(
         self,
@@ -69,12 +72,21 @@ class TieredCache(RowScans, QueuedSaves):
         self._saves: SaveQueue | None = None
         for item in tiers:
             tier, spec = item if isinstance(item, tuple) else (item, None)
-            self.add_tier(tier, spec)
+            self._add_level(tier, spec)
 
     # -- tiers -----------------------------------------------------------------------------
     def add_tier(self, tier: Tier, policy: PolicySpec | None = None, *, position: int | None = None) -> None:
-        """Add a tier (slowest last unless `position` is given). A policy name or class makes
-        a fresh instance for this tier; never share one stateful instance between tiers."""
+        """Add a tier (slowest last unless `position` is given); a persistent one is scanned
+        (its rows adopted). A policy name or class makes a fresh instance for this tier;
+        never share one stateful instance between tiers."""
+        self._add_level(tier, policy, position)
+        if tier.persistent:
+            self.scan()
+
+    def tier_spec(self, spec: dict[str, Any]) -> dict[str, Any]:
+        return dict(spec)
+
+    def _add_level(self, tier: Tier, policy: PolicySpec | None = None, position: int | None = None) -> None:
         with self._lock:
             levels = self._stack.levels
             if any(level.name == tier.name for level in levels):
@@ -103,6 +115,47 @@ class TieredCache(RowScans, QueuedSaves):
     def list_tiers(self) -> list[dict[str, Any]]:
         with self._lock:
             return [level.describe() for level in self._stack.levels]
+
+    # -- the engine's calls ----------------------------------------------------------------
+    def restore(self, namespace: CacheNamespace, prompt: list[int], parent_key: str | None, kv: SequenceKv,
+                max_payload: MaxPayload) -> Restored | None:
+        """Load the row serving ``prompt`` (waiting briefly for one the writer pool has not
+        stored yet: the previous turn's finish row, say). A state llama.cpp refuses (a
+        malformed state, more cells than the context holds) leaves every tier, so no later
+        request or process meets it (rejected_bad_state)."""
+        match, by_key = self.find_prefix(namespace, prompt, parent_key)
+        if match is None:
+            return None
+        payload = self.get(match.key, max_payload=max_payload(match.n_tokens))
+        if payload is None:
+            return None
+        with self.timed("unpack_ns"):
+            loaded = kv.load_state(payload, match.n_tokens)
+        if not loaded:
+            self.reject(match.key, CorruptReason.BAD_STATE)
+            return None
+        return Restored(match.n_tokens, HitKind.of(match.n_tokens, len(prompt), by_key=by_key), match.key,
+                        match.tier)
+
+    def save(self, namespace: CacheNamespace, tokens: list[int], kv: SequenceKv, reason: SaveReason, *,
+             sync: bool = False, live: bool = False, marks: Sequence[int] = ()) -> Saved | None:
+        """The sequence's whole state, copied on the caller's thread, stored synchronously or
+        by the writer pool (a full pool drops it: saves_dropped). ``marks`` are not used."""
+        key = keys.row_key(namespace.digest(), tokens)
+        if key in self:
+            return self.keep_stored(key, reason, live)
+        with self.timed("pack_ns"):
+            payload = kv.state()
+        if sync:
+            stored = self.put(namespace, tokens, payload, reason, live=live)
+            return None if stored is None else Saved(stored, new=True)
+        return Saved(key, new=True) if self.put_async(namespace, tokens, payload, reason, live=live) else None
+
+    def held(self, namespace: CacheNamespace, tokens: Tokens) -> Held:
+        raw = keys.token_bytes(tokens)
+        with self._lock:
+            match = self._catalog.longest_prefix(keys.digest_of(namespace), raw)
+            return Held(0, None) if match is None else Held(match.n_tokens, self._stack.top_name(match.key))
 
     # -- rows ------------------------------------------------------------------------------
     def put(
@@ -336,7 +389,7 @@ class TieredCache(RowScans, QueuedSaves):
 
     def info(self) -> dict[str, Any]:
         with self._lock:
-            return {"rows": len(self._catalog), "block_size": self._catalog.index.block_size,
+            return {"storage": self.storage, "rows": len(self._catalog), "block_size": self._catalog.index.block_size,
                     "pinned": len(self._catalog.pins), "tiers": self.list_tiers(),
                     "counters": self.counters()}
 

@@ -73,7 +73,7 @@ class SavePoints:
     def save(self, req: Request, tokens: list[int], reason: SaveReason) -> str | None:
         assert self._kvcache is not None and req.seq is not None
         live = req.session is not None and reason is SaveReason.FINISH
-        saved = self._kvcache.save(self._pool.ctx, req.seq, tokens, req.opts.cache_scope, reason,
+        saved = self._kvcache.save(self._pool, req.seq, tokens, req.opts.cache_scope, reason,
                                    sync=req.sync_saves, live=live, marks=self.marks(req))
         if saved is None:
             self._counters["cache_saves_dropped"] += 1
@@ -96,7 +96,7 @@ class SavePoints:
         """Save an idle session's live KV as its row (synchronously); False when not saved."""
         if self._kvcache is None or not sess.tokens or sess.seq is None:
             return False
-        row = self._kvcache.save(self._pool.ctx, sess.seq, sess.tokens, sess.scope, reason, sync=True, live=True)
+        row = self._kvcache.save(self._pool, sess.seq, sess.tokens, sess.scope, reason, sync=True, live=True)
         if row is not None:
             self.session_row(sess, row.key)
         return row is not None

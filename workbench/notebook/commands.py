@@ -87,7 +87,7 @@ def with_arguments(args: list[Any]) -> Callable[[Callable[..., Any]], Callable[.
 CACHE_FLAGS = ("--model", "--cache")  # the flags of every command on a cache (%wb help names them once)
 _cache_args = [argument(CACHE_FLAGS[0], metavar="ID", help="model id (default: the current model)"),
                argument(CACHE_FLAGS[1], metavar="VAR",
-                        help="a TieredCache or ChunkedCache held in this variable instead")]
+                        help="a prefix cache (TieredCache or ChunkedCache) held in this variable instead")]
 
 
 @magic_arguments(name="wb load")

@@ -31,8 +31,7 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
 import workbench as wb
-from workbench.cache import TieredCache
-from workbench.cache.chunked import ChunkedCache
+from workbench.cache.interface import PrefixCache
 from workbench.errors import close_matches
 from workbench.notebook import transcript, views, widgets
 from workbench.notebook.cell_inputs import interpolate, speculative_option, text_from, unescape
@@ -133,12 +132,12 @@ class WorkbenchMagics(Magics):
         raise UsageError(f"several models are loaded ({', '.join(loaded)}): pass --model")
 
     def cache_of(self, args: Any) -> Any:
-        """--cache VAR (a TieredCache or ChunkedCache in the namespace), else the model's cache."""
+        """--cache VAR (a prefix cache in the namespace), else the model's cache."""
         if getattr(args, "cache", None):
             obj = self.user_ns.get(args.cache)
-            if not isinstance(obj, (TieredCache, ChunkedCache)):
-                raise UsageError(f"--cache {args.cache}: not a variable holding a workbench.cache.TieredCache "
-                                 "or ChunkedCache")
+            if not isinstance(obj, PrefixCache):
+                raise UsageError(f"--cache {args.cache}: not a variable holding a prefix cache "
+                                 "(workbench.cache.PrefixCache: a TieredCache or ChunkedCache)")
             return obj
         return views.model_cache(self.model_of(getattr(args, "model", None)))
 

@@ -121,7 +121,7 @@ def hit_kinds_over_time(data: Iterable[Any] | pd.DataFrame, *, window: int = 20,
 
 
 def tier_occupancy(tiers: Any, *, ax: Any = None) -> Any:
-    """Percent of its budget each tier holds (a TieredCache, a model id or views.tiers()),
+    """Percent of its budget each tier holds (a prefix cache, a model id or views.tiers()),
     labelled with used / budget bytes; an unbounded tier has no percent, only its use."""
     from workbench.notebook import views
     from workbench.units import format_bytes
@@ -145,20 +145,20 @@ def tier_occupancy(tiers: Any, *, ax: Any = None) -> Any:
 
 
 def chunk_storage(cache: Any = None, *, ax: Any = None) -> Any:
-    """Chunk storage by tier (a ChunkedCache or a model id; InvalidOption for whole rows):
+    """Chunk storage by tier (a cache in chunk storage or a model id; InvalidOption for whole rows):
     per tier, the bytes of chunks several rows name (shared) beside those of chunks one row
     or none names; a chunk held by two tiers counts in each. The title sets the distinct
     bytes against what the rows would take stored whole (each row's chunks counted again)."""
     from workbench.notebook import views
     from workbench.units import format_bytes
 
-    from workbench.cache.chunked import ChunkedCache
     from workbench.errors import InvalidOption
 
     c = views.resolve_cache(cache)
-    if not isinstance(c, ChunkedCache):
+    chunks = c.chunk_rows()
+    if chunks is None:
         raise InvalidOption("cache", cache, "a cache configured with storage='chunks'")
-    chunks, rows = c.chunk_rows(), c.rows()
+    rows = c.rows()
     names = [str(t["name"]) for t in c.list_tiers()][::-1]  # fastest on top
     fig, ax = figure_and_axes(ax, (7.0, 1.0 + 0.6 * max(1, len(names))))
     shared = [sum(k["size_bytes"] for k in chunks if n in k["tiers"] and k["refcount"] > 1) for n in names]

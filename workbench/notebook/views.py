@@ -2,9 +2,9 @@
 KV cache's rows and tiers, and speculative decoding's acceptance and speed-up. Each
 returns a DataFrame with fixed columns and dtypes (also when empty) and a meaningful index.
 
-The cache views take a model id (its engine's `workbench.cache.TieredCache`, or the
-`ChunkedCache` of `configure_cache(storage='chunks')`, through `model_cache`) or such a
-cache directly (the lab, tests, a cache built by hand).
+The cache views take a model id (the prefix cache its engine uses, through `model_cache`)
+or a cache directly (a `workbench.cache.PrefixCache`: the lab, tests, a cache built by
+hand).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import pandas as pd
 
 import workbench as wb
 from workbench import registry
-from workbench.cache import HitKind, TieredCache
-from workbench.cache.chunked import ChunkedCache
+from workbench.cache import HitKind
+from workbench.cache.interface import PrefixCache
 from workbench.engine.events import REQUEST_PHASES
 from workbench.errors import InvalidOption
 from workbench.units import format_count
@@ -27,7 +27,7 @@ HIT_KINDS = tuple(kind.value for kind in HitKind)  # the categories of cache_hit
 PHASES = REQUEST_PHASES
 
 
-AnyCache = TieredCache | ChunkedCache
+AnyCache = PrefixCache
 
 
 def model_cache(model: str) -> AnyCache:
@@ -41,15 +41,16 @@ def model_cache(model: str) -> AnyCache:
 
 def resolve_cache(cache: AnyCache | str | None = None) -> AnyCache:
     """A cache as given, or the cache of a model id (the only loaded model if None)."""
-    if isinstance(cache, (TieredCache, ChunkedCache)):
+    if isinstance(cache, PrefixCache):
         return cache
     if cache is None:
         loaded = [m["model_id"] for m in wb.list_models()]
         if len(loaded) != 1:
-            raise InvalidOption("cache", None, f"a TieredCache or a model id ({len(loaded)} models are loaded)")
+            raise InvalidOption("cache", None, f"a prefix cache (a TieredCache or ChunkedCache) or a model id "
+                                                  f"({len(loaded)} models are loaded)")
         cache = loaded[0]
     if not isinstance(cache, str):
-        raise InvalidOption("cache", cache, "a TieredCache or a model id")
+        raise InvalidOption("cache", cache, "a prefix cache (a TieredCache or ChunkedCache) or a model id")
     return model_cache(cache)
 
 
@@ -61,7 +62,7 @@ def _frame(rows: list[dict[str, Any]], dtypes: dict[str, Any], index: str | list
 
 # --- engine -------------------------------------------------------------------------------
 
-def counters(cache: TieredCache | None = None) -> pd.DataFrame:
+def counters(cache: PrefixCache | None = None) -> pd.DataFrame:
     """Engine counters (summed over loaded models), and a cache's when one is given.
     Index (source, name); one int64 column `value`."""
     rows = [{"source": "engine", "name": k, "value": int(v)} for k, v in sorted(wb.counters().items())]
@@ -241,15 +242,15 @@ _CHUNK_DTYPES = {
 }
 
 
-def cache_chunks(cache: ChunkedCache | str | None = None) -> pd.DataFrame:
+def cache_chunks(cache: AnyCache | str | None = None) -> pd.DataFrame:
     """Every chunk of a chunked cache (`configure_cache(storage='chunks')`), indexed by key,
     the next victim first (only leaves are evicted; protected ones last): tier, tokens,
     bytes, refcount (rows naming it), children, score (lower goes first), hits, parent.
     InvalidOption for a cache of whole rows."""
-    c = resolve_cache(cache)
-    if not isinstance(c, ChunkedCache):
+    chunks = resolve_cache(cache).chunk_rows()
+    if chunks is None:
         raise InvalidOption("cache", cache, "a cache configured with storage='chunks'")
-    rows = sorted(c.chunk_rows(), key=lambda r: (not r["leaf"], r["protected"], r["score"]))
+    rows = sorted(chunks, key=lambda r: (not r["leaf"], r["protected"], r["score"]))
     return _frame(rows, _CHUNK_DTYPES, "key")
 
 
@@ -265,7 +266,7 @@ def tiers(cache: AnyCache | str | None = None) -> pd.DataFrame:
     unbounded), the same in MiB and percent, policy; in chunk storage also ``chunks``, the
     chunks each holds."""
     c = resolve_cache(cache)
-    dtypes = {**_TIER_DTYPES, "chunks": "int64"} if isinstance(c, ChunkedCache) else _TIER_DTYPES
+    dtypes = {**_TIER_DTYPES, "chunks": "int64"} if c.storage == "chunks" else _TIER_DTYPES
     rows = []
     for t in c.list_tiers():
         budget = t.get("budget_bytes")
