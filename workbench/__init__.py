@@ -8,9 +8,10 @@
 """
 
 from . import _native
-from .api import (cancel, complete, continue_session, counters, detokenize, end_session, history, last_cache_hit,
-                  list_models, load_model, model_info, pending_len, phase, queue_depth, request_info,
-                  requests, reset_session, sessions, stream, tokenize, unload)
+from .api import (cancel, continue_session, counters, detokenize, end_session, history, last_cache_hit, list_models,
+                  load_model, model_info, pending_len, phase, queue_depth, request_info, requests, reset_session,
+                  sessions, tokenize, unload)
+from .generation import complete, stream
 from .engine.events import CompletionResult, Done, Error, Stats, Token, TokenId
 from .api import chat, chat_stream, embed, embed_batch, render_chat_template
 from .chat import ChatDone, ChatResult, ChatStream, RenderedChat
@@ -25,7 +26,7 @@ from .speculative import draft_tokens, verify
 from .scoring import ScoreResult, loglikelihood, loglikelihood_rolling, score
 from .ppl import PerplexityResult, perplexity
 from .pressure import pressure, pressure_sources, start_pressure_monitor, stop_pressure_monitor
-from .models import DEFAULT_MODEL, default_model_path, fetch_default_model
+from .models.default import DEFAULT_MODEL, default_model_path, fetch_default_model
 from .machine import vram_info
 from .options.kinds import option_names
 
@@ -50,8 +51,10 @@ __all__ = [
     "option_names", "vram_info",
 ]
 
-# every public call runs through the middleware chain (workbench/middleware.py); the module
-# itself is `wb.middleware` (add / remove / clear / timing)
+# every public call runs through the middleware chain (workbench/middleware.py), wrapped here,
+# where it is exported: each name above is imported from the module that defines it, so
+# `wb.complete.__wrapped__` is that function. The module itself is `wb.middleware` (add /
+# remove / clear / timing)
 from . import middleware  # noqa: E402
 
 middleware.wrap_namespace(globals(), __all__)

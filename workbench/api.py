@@ -19,15 +19,14 @@ from .engine.events import CompletionResult
 from .engine.prefix_cache import CachedPrefix
 from .engine.stream import Stream
 from .engine.tokens import tokenize_within
-from . import generation
-from .generation import collect, draft_engine, prompt_tokens, request_stream, token_list
+from .generation import collect, draft_engine, prompt_tokens, start, token_list
 from . import _native
 from .errors import (EmptyPrompt, InvalidOption, ModelFileError, UnknownOption,
                      UnknownRequest)
 from .models import check_model_file, fetch_default_model
 from .cache import HitKind, SaveReason
 from .options import (LoadConfig, RequestOptions, build, check_bool, check_int, check_number, check_scope,
-                      check_session_id, option_names)
+                      check_session_id, option_names, split_chat)
 from . import chat as _chat
 from . import embed as _embed
 from .chat import ChatResult, ChatStream, RenderedChat
@@ -93,10 +92,7 @@ def detokenize(model: str, tokens: Sequence[int], remove_special: bool = False,
     return eng.model.detokenize(ids, remove_special, unparse_special).decode("utf-8", "replace")
 
 
-# --- generation (generation.py: stream, complete, collect and the prompt rules) ---------------
-
-stream = generation.stream
-complete = generation.complete
+# --- generation (stream and complete: generation.py, with collect and the prompt rules) -------
 
 def continue_session(model: str, session_id: str | int, tokens: Sequence[int], *,
                      expect_committed: Sequence[int] | None = None, stream: bool = False,
@@ -351,7 +347,7 @@ def render_chat_template(model: str, messages: Sequence[Mapping[str, Any]],
     Options: see ChatOptions (tool_choice, add_generation_prompt, thinking, ...).
     """
     eng = registry.get(model)
-    copts, ropts = _chat.split_options(opts)
+    copts, ropts = split_chat(opts)
     rq = build(RequestOptions, ropts)
     tmpls = _chat.templates_for(eng, copts.chat_template)
     return _chat.render(eng.model, tmpls, messages, tools, copts, rq.add_special, rq.parse_special)
@@ -364,7 +360,7 @@ def chat_stream(model: str, messages: Sequence[Mapping[str, Any]],
     when thinking='enabled'), ending with a ChatDone (a Done) carrying the parsed message."""
     eng = registry.get(model)
     p = _chat.plan(eng, messages, tools, tool_choice, opts)
-    return ChatStream(request_stream(eng, p.rendered.tokens, p.request_opts), p)
+    return ChatStream(start(eng, prompt_tokens(eng, p.rendered.tokens, p.request), p.request), p)
 
 
 def chat(model: str, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None,

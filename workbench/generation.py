@@ -1,25 +1,28 @@
 """The generation calls of the facade: stream() and complete(), and the prompt rules they
 share with the other calls that take a prompt (continue_session, prefill_only, ...).
 
-``thinking=True`` (ThinkingOptions, chat/raw_thinking.py) wraps the request's Stream so the
-reply's reasoning block comes as Thinking / ThinkingEnd events; the engine sees an
-ordinary request.
+The options are split and checked in workbench/options (``split_thinking``: thinking
+options without ``thinking=True`` are refused there) and the RequestOptions built once. A
+plain request goes straight to the engine; ``thinking=True`` (ThinkingOptions,
+chat/raw_thinking.py, imported only then) wraps the request's Stream so the reply's
+reasoning block comes as Thinking / ThinkingEnd events; the engine sees an ordinary request.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from . import registry
-from .chat import raw_thinking
-from .chat.raw_thinking import ThinkingResultStream
 from .engine.engine import Engine
 from .engine.events import CompletionResult
 from .engine.stream import Stream
 from .engine.tokens import tokenize_within
 from .errors import EmptyPrompt, InvalidOption
-from .options import RequestOptions, build
+from .options import RequestOptions, build, split_thinking
+
+if TYPE_CHECKING:
+    from .chat.raw_thinking import ThinkingResultStream
 
 
 def token_list(eng: Engine, tokens: Any, key: str) -> list[int]:
@@ -59,20 +62,19 @@ def stream(model: str, prompt: str | Sequence[int], **opts: Any) -> Stream | Thi
     """Start a request; iterate the returned Stream (or ``async for``) for typed events.
     With ``thinking=True`` the reasoning block comes as Thinking / ThinkingEnd events."""
     eng = registry.get(model)
-    topts, request_opts = raw_thinking.split_options(opts)
-    if not topts.thinking:
-        raw_thinking.plan(eng, [], topts, request_opts)   # refuses thinking options without thinking
-        return request_stream(eng, prompt, request_opts)
-    tokens = prompt_tokens(eng, prompt, build(RequestOptions, request_opts))
-    plan = raw_thinking.plan(eng, tokens, topts, request_opts)
-    assert plan is not None
-    return ThinkingResultStream(request_stream(eng, tokens, request_opts), plan)
-
-
-def request_stream(eng: Engine, prompt: Any, request_opts: Mapping[str, Any]) -> Stream:
-    """Validate the request options and the prompt, and submit the request."""
-    ropts = build(RequestOptions, request_opts)
+    topts, given = split_thinking(opts)
+    ropts = build(RequestOptions, given)
     tokens = prompt_tokens(eng, prompt, ropts)
+    if not topts.thinking:
+        return start(eng, tokens, ropts)
+    from .chat import raw_thinking  # thinking=True only: the template's markers, the splitter
+
+    plan = raw_thinking.plan(eng, tokens, topts, ropts, given)
+    return raw_thinking.ThinkingResultStream(start(eng, tokens, plan.request), plan)
+
+
+def start(eng: Engine, tokens: list[int], ropts: RequestOptions) -> Stream:
+    """Submit a request whose prompt and options are already checked; its Stream."""
     return Stream(eng, eng.submit(tokens, ropts, draft=draft_engine(ropts)))
 
 

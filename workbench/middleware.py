@@ -39,8 +39,10 @@ Guarantees:
 - With no middleware registered and none given, a call costs one tuple check.
 
 What counts as a public call: the functions ``workbench`` exports (``__all__``), wrapped by
-:func:`wrap_namespace` in ``workbench/__init__.py``; ``workbench.api.*`` called directly
-bypasses the chain.
+:func:`wrap_namespace` in ``workbench/__init__.py``, each imported there from the module
+that defines it (``wb.complete.__wrapped__`` is ``workbench.generation.complete``); those
+modules' functions (``workbench.api.*``, ``workbench.generation.*``, ...) called directly
+bypass the chain.
 
 Cluster handles (``wb.cluster.start(...)``: ``c.complete``, ``c.stream``, ...) are not
 wrapped, by choice. The chain belongs to one process: a replica runs its ``workbench``

@@ -189,11 +189,11 @@ def test_wrapped_calls_keep_their_signature_docs_and_pickle_by_reference(model):
     import inspect
     import pickle
 
-    from workbench import api
+    from workbench import generation
 
     assert pickle.loads(pickle.dumps(wb.complete)) is wb.complete
-    assert inspect.signature(wb.complete) == inspect.signature(api.complete)
-    assert wb.complete.__doc__ == api.complete.__doc__ and wb.complete.__wrapped__ is api.complete
+    assert inspect.signature(wb.complete) == inspect.signature(generation.complete)
+    assert wb.complete.__doc__ == generation.complete.__doc__ and wb.complete.__wrapped__ is generation.complete
 
 
 def test_calls_on_other_threads_run_their_own_chain(model):

@@ -17,14 +17,16 @@ past the generation prompt (its root starts with it); tool_choice='auto' makes i
 the template's triggers (e.g. ``<tool_call>``).
 
 Modules: messages (validation), render (per-model template cache, rendering), turn (plan,
-stream, results, parsing).
+stream, results, parsing), thinking (the block splitter), raw_thinking (thinking=True on a
+raw stream). The chat options are split from the request options in workbench/options
+(``split_chat``).
 """
 
-from .messages import ROLES, normalize_messages, normalize_tools, split_options
+from .messages import ROLES, normalize_messages, normalize_tools
 from .render import RenderedChat, TemplateCache, render, templates_for
 from .turn import ChatDone, ChatPlan, ChatResult, ChatStream, parse_reply, plan
 
 __all__ = [
     "ROLES", "ChatDone", "ChatPlan", "ChatResult", "ChatStream", "RenderedChat", "TemplateCache", "normalize_messages",
-    "normalize_tools", "parse_reply", "plan", "render", "split_options", "templates_for",
+    "normalize_tools", "parse_reply", "plan", "render", "templates_for",
 ]

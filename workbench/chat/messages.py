@@ -8,8 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .. import _native
-from ..errors import InvalidOption, UnknownOption
-from ..options import ChatOptions, RequestOptions, build, option_names
+from ..errors import InvalidOption
 
 ROLES = ("system", "user", "assistant", "tool")
 _MESSAGE_KEYS = ("role", "content", "name", "tool_calls", "tool_call_id", "reasoning_content")
@@ -130,13 +129,3 @@ def normalize_tools(tools: Any) -> list[dict[str, Any]]:
         out.append({"type": "function", "function": {"name": name, "description": desc, "parameters": dict(params)}})
     return out
 
-
-def split_options(opts: Mapping[str, Any]) -> tuple[ChatOptions, dict[str, Any]]:
-    """Chat options into a ChatOptions; the rest must be request options."""
-    chat_keys, request_keys = option_names(ChatOptions), option_names(RequestOptions)
-    chat_opts = {k: v for k, v in opts.items() if k in chat_keys}
-    rest = {k: v for k, v in opts.items() if k not in chat_keys}
-    for k in rest:
-        if k not in request_keys:
-            raise UnknownOption(k, list(chat_keys) + list(request_keys))
-    return build(ChatOptions, chat_opts), rest

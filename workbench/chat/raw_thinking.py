@@ -11,6 +11,9 @@ Markers, first found: the request option ``thinking_markers``, the load option
 reading of the template, as chat uses). The block opens at the head of the reply, or from
 the first token when the prompt ends with the start marker. ``thinking_budget_tokens=N``
 sets the request's ``reasoning_budget`` as chat does, so the model itself stops thinking.
+
+The thinking options are split from the request options, and refused without
+``thinking=True``, in workbench/options (``split_thinking``): a plain request never comes here.
 """
 
 from __future__ import annotations
@@ -22,10 +25,11 @@ from typing import Any
 
 from ..engine.events import CompletionResult, Error
 from ..engine.stream import Stream
-from ..errors import InvalidOption, NoChatTemplate, UnknownOption
-from ..options import ChatOptions, RequestOptions, ThinkingOptions, build, option_names
+from ..errors import InvalidOption, NoChatTemplate
+from ..options import ChatOptions, RequestOptions, ThinkingOptions, amend
 from .render import render, templates_for
-from .thinking import ThinkingMarkers, ThinkingSplitter, ThinkingStream, set_budget, show_specials, special_markers
+from .thinking import (ThinkingMarkers, ThinkingSplitter, ThinkingStream, budget_option, shown_specials,
+                       special_markers)
 
 _PROBE = [{"role": "user", "content": "Hi"}]   # a conversation to read the template's thinking tags from
 _TAIL_TOKENS = 32                               # prompt tokens read back to see if it opens the block
@@ -37,34 +41,25 @@ class ThinkingPlan:
     inside: bool
     budget: int | None
     key: bytes | None
+    request: RequestOptions    # the request's options with what thinking sets (reasoning_budget, render_special)
 
 
-def split_options(opts: Mapping[str, Any]) -> tuple[ThinkingOptions, dict[str, Any]]:
-    """The thinking options, and the rest (which must be request options)."""
-    thinking_keys, request_keys = option_names(ThinkingOptions), option_names(RequestOptions)
-    rest = {k: v for k, v in opts.items() if k not in thinking_keys}
-    for k in rest:
-        if k not in request_keys:
-            raise UnknownOption(k, list(request_keys) + list(thinking_keys))
-    return build(ThinkingOptions, {k: v for k, v in opts.items() if k in thinking_keys}), rest
-
-
-def plan(engine: Any, prompt_tokens: list[int], topts: ThinkingOptions,
-         request_opts: dict[str, Any]) -> ThinkingPlan | None:
-    """The thinking plan of a raw request (None with thinking off); sets the request options
-    it needs (reasoning_budget, render_special for markers that are control tokens)."""
-    if not topts.thinking:
-        for key in ("thinking_budget_tokens", "thinking_markers"):
-            if getattr(topts, key) is not None:
-                raise InvalidOption(key, getattr(topts, key), "None unless thinking=True")
-        return None
+def plan(engine: Any, prompt_tokens: list[int], topts: ThinkingOptions, ropts: RequestOptions,
+         given: Mapping[str, Any]) -> ThinkingPlan:
+    """The thinking plan of a raw request with ``thinking=True`` (workbench/options'
+    ``split_thinking`` has refused thinking options without it): its markers, and ``ropts``
+    with the request options it needs (reasoning_budget, render_special for markers that are
+    control tokens). ``given``: the request options as the caller passed them."""
     markers = _markers(engine, topts)
     tail = engine.model.detokenize(prompt_tokens[-_TAIL_TOKENS:], False, True).decode("utf-8", "replace")
     inside = bool(markers.start) and tail.rstrip().endswith(markers.start)
+    changes: dict[str, Any] = {}
     if topts.thinking_budget_tokens is not None:
-        set_budget(request_opts, markers, topts.thinking_budget_tokens, inside)
-    show_specials(request_opts, special_markers(engine.model, (markers.start, markers.end)))
-    return ThinkingPlan(markers, inside, topts.thinking_budget_tokens, engine.cfg.thinking_signing_key)
+        changes["reasoning_budget"] = budget_option(given.get("reasoning_budget"), markers,
+                                                    topts.thinking_budget_tokens, inside)
+    changes.update(shown_specials(ropts.render_special, special_markers(engine.model, (markers.start, markers.end))))
+    return ThinkingPlan(markers, inside, topts.thinking_budget_tokens, engine.cfg.thinking_signing_key,
+                        amend(ropts, changes))
 
 
 def _markers(engine: Any, topts: ThinkingOptions) -> ThinkingMarkers:

@@ -54,15 +54,16 @@ class ThinkingMarkers:
     end: str
 
 
-def set_budget(request_opts: dict[str, Any], markers: ThinkingMarkers, tokens: int, inside: bool) -> None:
-    """Set the ``reasoning_budget`` request option that closes a block of ``markers`` after
+def budget_option(given: Any, markers: ThinkingMarkers, tokens: int, inside: bool) -> dict[str, Any]:
+    """The ``reasoning_budget`` request option that closes a block of ``markers`` after
     ``tokens`` tokens, so the model itself stops thinking: llama.cpp's budget sampler forces
     the end marker into the reply (and the KV). ``inside``: the prompt already opened the
-    block (start '' = from the first token). A reasoning_budget of the caller's is refused."""
-    if request_opts.get("reasoning_budget") is not None:
-        raise InvalidOption("reasoning_budget", request_opts["reasoning_budget"],
+    block (start '' = from the first token). ``given``: the caller's own reasoning_budget
+    option, as passed, refused unless None."""
+    if given is not None:
+        raise InvalidOption("reasoning_budget", given,
                             "None with thinking_budget_tokens (which sets it from the thinking markers)")
-    request_opts["reasoning_budget"] = {"tokens": tokens, "start": "" if inside else markers.start, "end": markers.end}
+    return {"tokens": tokens, "start": "" if inside else markers.start, "end": markers.end}
 
 
 def special_markers(native_model: Any, markers: tuple[str, ...]) -> tuple[str, ...]:
@@ -75,12 +76,13 @@ def special_markers(native_model: Any, markers: tuple[str, ...]) -> tuple[str, .
     return tuple(out)
 
 
-def show_specials(request_opts: dict[str, Any], shown: tuple[str, ...]) -> None:
-    """Add ``shown`` to the request's ``render_special`` (as llama.cpp's server shows preserved
-    tokens): the splitter and the parser need the markers' text, which control tokens
-    otherwise render as ''."""
-    if shown and request_opts.get("render_special") is not True:
-        request_opts["render_special"] = tuple(dict.fromkeys((*(request_opts.get("render_special") or ()), *shown)))
+def shown_specials(render_special: bool | tuple[str, ...], shown: tuple[str, ...]) -> dict[str, Any]:
+    """The request option change that adds ``shown`` to ``render_special`` (the request's, as
+    built), as llama.cpp's server shows preserved tokens: the splitter and the parser need
+    the markers' text, which control tokens otherwise render as ''. {} when nothing changes."""
+    if not shown or render_special is True:
+        return {}
+    return {"render_special": tuple(dict.fromkeys((*(render_special or ()), *shown)))}
 
 
 def _partial_suffix(text: str, marker: str) -> int:

@@ -14,11 +14,10 @@ from typing import Any
 from .. import _native
 from ..engine.events import CompletionResult, Done, Error
 from ..engine.stream import Stream
-from .thinking import (ThinkingMarkers, ThinkingSplitter, ThinkingStream, set_budget, show_specials,
+from .thinking import (ThinkingMarkers, ThinkingSplitter, ThinkingStream, budget_option, shown_specials,
                        special_markers)
 from ..errors import InvalidOption
-from ..options import ChatOptions, RequestOptions, build
-from .messages import split_options
+from ..options import ChatOptions, RequestOptions, amend, build, split_chat
 from .render import RenderedChat, render, system_prefix_len, templates_for
 
 
@@ -83,7 +82,7 @@ class ChatPlan:
     """Everything a chat turn needs once rendered: the request options and how to parse."""
 
     rendered: RenderedChat
-    request_opts: dict[str, Any]
+    request: RequestOptions        # built once, with what the turn sets (tool grammar, stops, ...)
     markers: ThinkingMarkers | None
     markers_from_template: bool    # the template's parser knows the block too
     inside_thinking: bool
@@ -96,32 +95,34 @@ def plan(engine: Any, messages: Any, tools: Any, tool_choice: Any, opts: Mapping
     all_opts = dict(opts)
     if tool_choice is not None:
         all_opts["tool_choice"] = tool_choice
-    copts, ropts = split_options(all_opts)
-    rq = build(RequestOptions, ropts)  # validates every request option before any work
+    copts, given = split_chat(all_opts)
+    rq = build(RequestOptions, given)  # validates every request option before any work
     tmpls = templates_for(engine, copts.chat_template)
     rendered = render(engine.model, tmpls, messages, tools, copts, rq.add_special, rq.parse_special,
                       n_ctx=engine.ctx.n_ctx)
+    changes: dict[str, Any] = {}
     if rendered.grammar is not None:
         for key in ("grammar", "json_schema"):
-            if ropts.get(key) is not None:
-                raise InvalidOption(key, ropts[key], "no grammar of your own with tools "
+            if given.get(key) is not None:
+                raise InvalidOption(key, given[key], "no grammar of your own with tools "
                                                      "(the template's tool grammar applies)")
-        ropts["grammar"] = _tool_grammar(engine, rendered)
+        changes["grammar"] = _tool_grammar(engine, rendered)
     if rendered.stop_sequences:
-        ropts["stop_sequences"] = tuple(rq.stop_sequences) + rendered.stop_sequences
+        changes["stop_sequences"] = tuple(rq.stop_sequences) + rendered.stop_sequences
     system_len = system_prefix_len(engine.model, tmpls, messages, tools, copts, rq.add_special, rq.parse_special,
                                    rendered.tokens)
-    if system_len is not None and rq.cache and "cache_boundaries" not in ropts:
-        ropts["cache_boundaries"] = (system_len,)
+    if system_len is not None and rq.cache and "cache_boundaries" not in given:
+        changes["cache_boundaries"] = (system_len,)
     cfg = engine.cfg
     markers, from_template, inside = _thinking_markers(cfg, rendered, copts)
     if markers is not None and copts.thinking_budget_tokens is not None:
-        set_budget(ropts, markers, copts.thinking_budget_tokens, inside)
-    show_specials(ropts, special_markers(engine.model, (*rendered.preserved_tokens,
-                                                        *((markers.start, markers.end) if markers else ()))))
-    return ChatPlan(rendered=rendered, request_opts=ropts, markers=markers, markers_from_template=from_template,
-                    inside_thinking=inside, budget=copts.thinking_budget_tokens,
-                    signing_key=getattr(cfg, "thinking_signing_key", None))
+        changes["reasoning_budget"] = budget_option(given.get("reasoning_budget"), markers,
+                                                    copts.thinking_budget_tokens, inside)
+    changes.update(shown_specials(rq.render_special, special_markers(
+        engine.model, (*rendered.preserved_tokens, *((markers.start, markers.end) if markers else ())))))
+    return ChatPlan(rendered=rendered, request=amend(rq, changes), markers=markers,
+                    markers_from_template=from_template, inside_thinking=inside,
+                    budget=copts.thinking_budget_tokens, signing_key=getattr(cfg, "thinking_signing_key", None))
 
 
 def _tool_grammar(engine: Any, rendered: RenderedChat) -> str:

@@ -3,7 +3,8 @@
 `check_*` validate one value (for facade arguments); the `as_*` / `one_of` field checkers
 take (key, value, where) and return the normalised value or raise InvalidOption; `opt`
 declares a record field with its checker, `build` makes a record from a dict, telling an
-unknown key (UnknownOption) from a bad value (InvalidOption).
+unknown key (UnknownOption) from a bad value (InvalidOption), and `amend` replaces some
+fields of a built record, checked the same way.
 """
 
 from __future__ import annotations
@@ -216,6 +217,21 @@ def build(cls: type[T], values: Mapping[str, Any] | None, where: str = "option",
             raise UnknownOption(str(key), list(fields), where)
         out[key] = fields[key].metadata["check"](key, value, where)
     return cls(**out)
+
+
+def amend(record: T, values: Mapping[str, Any], where: str = "option") -> T:
+    """``record`` (made by :func:`build`) with the fields in ``values`` replaced, each value
+    checked as ``build`` checks it: what a call adds to options it has already built (chat's
+    tool grammar, a thinking budget) without building them again."""
+    if not values:
+        return record
+    fields = {f.name: f for f in dataclasses.fields(record)}  # type: ignore[arg-type]
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        if key not in fields:
+            raise UnknownOption(str(key), list(fields), where)
+        out[key] = fields[key].metadata["check"](key, value, where)
+    return dataclasses.replace(record, **out)  # type: ignore[type-var]
 
 
 def option_names(cls: type) -> tuple[str, ...]:
