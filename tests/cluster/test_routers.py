@@ -256,3 +256,39 @@ def test_an_unpicklable_attribute_travels_as_its_repr():
 
     back = unpack_error(pickle.loads(pickle.dumps(pack_error(InvalidOption("x", Odd(), "an int")))))
     assert isinstance(back, InvalidOption) and back.value == "<odd>" and back.key == "x"
+
+
+def test_a_function_router_is_named_by_its_source() -> None:
+    """The decisions name a lambda router by its text, a function by its name."""
+    pick = make_router(lambda request, replicas: 0)
+    assert pick.name == "lambda request, replicas: 0"
+    assert pick.choose(REQ, facts((0, 0, None))).reason == "chosen by lambda request, replicas: 0"
+
+    def first_up(request, replicas):
+        return replicas[0].index
+
+    assert make_router(first_up).name == "first_up"
+    nested = make_router(lambda req, reps: max(reps, key=lambda r: r.in_flight).index)
+    assert nested.name == "lambda req, reps: max(reps, key=lambda r: r.in_flight).index"
+
+
+def test_the_routing_plot_labels_both_axes_and_the_tables_show_units() -> None:
+    """c.plot() and c.decisions() from a cluster's members and decision log (no Ray)."""
+    from types import SimpleNamespace
+
+    from workbench.cluster.views import decisions_frame, plot_routing
+    from workbench.notebook import display
+
+    members = [SimpleNamespace(name="replica-0"), SimpleNamespace(name="replica-1")]
+    log = [{"ref": i, "kind": "complete", "session": None, "router": "cache_affinity", "replica": f"replica-{i % 2}",
+            "reason": "no prefix >= 10% cached: balance", "probed": {"replica-0": (0, 0), "replica-1": (160, 1)},
+            "outcome": {"hit": "partial", "prompt_tokens": 180, "reused_tokens": 160, "ttft_s": 0.031195}}
+           for i in range(3)]
+    cluster = SimpleNamespace(members=members, routing=SimpleNamespace(log=log))
+    fig = plot_routing(cluster)
+    assert [ax.get_ylabel() for ax in fig.axes] == ["requests", "prompt tokens"]
+    assert [p.get_height() for p in fig.axes[0].patches] == [2, 1]
+    df = decisions_frame(cluster)
+    assert display.is_table(df) and df["ttft_s"].iloc[0] == 0.031195
+    text = display.shown(df)
+    assert text.loc[0, "ttft_s"] == "0.031" and text.loc[0, "reused_tokens"] == "160"

@@ -45,6 +45,7 @@ def test_model_info_tells_quantisation_load_time_vram_and_last_hit(model_path):
         assert info["quant_tag"] == "Q4_1"                       # SmolLM2-135M-Instruct.Q4_1.gguf
         assert before <= info["loaded_at"] <= time.time()
         assert info["last_cache_hit"] is None                    # nothing asked yet
+        assert info["deterministic"] is False                    # the load option's default
         if gpu_devices():
             assert info["vram_estimate_b"] > info["size_bytes"] // 2   # weights offloaded (n_gpu_layers=-1)
         else:

@@ -32,7 +32,7 @@ def test_help_is_a_table_of_every_command(ip: Any, capsys: pytest.CaptureFixture
         text = " ".join(line.strip() for line in lines[row:row + 3])
         assert wb_help.summary(fn) in " ".join(text.split()), name
         assert wb_help.summary(fn) and "::" not in wb_help.summary(fn)
-    assert "  models                    Loaded models (a DataFrame)" in lines
+    assert "  models [--all]            Loaded models (a DataFrame; --all for every column of model_info)" in lines
     assert "  unload ID                 Unload a model (its running requests end with an error)" in lines
     assert "  mode [auto|widget|text]   Show or set how %%generate shows a generation: widget, text, or auto" in lines
     # the flags every cache command takes are named once, not on each row

@@ -150,8 +150,79 @@ def test_chunk_storage_shows_shared_bytes_by_tier() -> None:
     shared = sum(b for b, refs in sizes.values() if refs == 2)
     own = sum(b for b, refs in sizes.values() if refs == 1)
     ax = plots.chunk_storage(cache).axes[0]
-    assert [p.get_width() for p in ax.patches] == [shared, own] and shared and own
+    unit, scale = plots.byte_unit(shared + own)
+    assert ax.get_xlabel() == f"stored ({unit})"          # the axis in the unit of the bars' labels
+    assert [p.get_width() * scale for p in ax.patches] == pytest.approx([shared, own]) and shared and own
+    assert ax.get_xlim()[1] > (shared + own) / scale      # room for the label after the bar
     whole = shared * 2 + own
     assert f"{1.0 * whole / (shared + own):.1f}x" in ax.get_title() and "2 rows" in ax.get_title()
     with pytest.raises(InvalidOption, match="storage='chunks'"):
         plots.chunk_storage(TieredCache([RamTier("ram", 1000)]))
+
+
+def test_miss_ratio_curves_fit_the_axis_to_the_data() -> None:
+    """Miss ratios under 0.3 are not drawn on a 0-1 axis; the axis still starts at 0."""
+    df = replay_frame()
+    df["miss_ratio"] = df["miss_ratio"] * 0.3            # 0.06 .. 0.27
+    bottom, top = plots.miss_ratio_curves(df).axes[0].get_ylim()
+    assert bottom == 0 and 0.27 < top < 0.3
+    high = replay_frame().assign(miss_ratio=lambda d: 0.9 + d["miss_ratio"] / 10)   # 0.92 .. 0.99
+    bottom, top = plots.miss_ratio_curves(high).axes[0].get_ylim()
+    assert 0.85 < bottom < 0.92 and 0.99 < top <= 1.03
+
+
+def test_nearly_coinciding_curves_are_told_apart() -> None:
+    """A curve within 1% of the axis of an earlier one everywhere (lfu beside frecency, a
+    user's policy beside lru) says so and is drawn as a ring under it, not on top of it."""
+    df = replay_frame()
+    df.loc[df["policy"] == "lfu", "miss_ratio"] += 0.001
+    ax = plots.miss_ratio_curves(df).axes[0]
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert labels == ["lru", "frecency", "lfu (overlaps frecency: within 0.001)"]
+    frecency, lfu = ax.lines[1], ax.lines[2]
+    assert lfu.get_zorder() < frecency.get_zorder()                      # beneath the line it would hide
+    assert lfu.get_markersize() > frecency.get_markersize() and lfu.get_markerfacecolor() == "none"
+    assert lfu.get_marker() != frecency.get_marker() and lfu.get_linestyle() != frecency.get_linestyle()
+    apart = replay_frame()
+    apart.loc[apart["policy"] == "lfu", "miss_ratio"] += 0.05           # 6% of the axis apart: no note
+    assert "lfu" in [t.get_text() for t in plots.miss_ratio_curves(apart).axes[0].get_legend().get_texts()]
+
+
+def drawn_boxes(fig: Any) -> Any:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(fig).draw()
+    return fig.canvas.get_renderer()
+
+
+def overlap(a: Any, b: Any) -> bool:
+    return a.x0 < b.x1 and b.x0 < a.x1 and a.y0 < b.y1 and b.y0 < a.y1
+
+
+def test_strategy_latencies_labels_do_not_collide_and_the_legend_covers_no_bar() -> None:
+    rows = [{"strategy": s, "kind": k, "ttft_s": t, "itl_s": t / 10, "generated_tokens": 8}
+            for s, t in [("decode_first", 1.6), ("prefill_first", 2.9), ("round_robin", 2.1),
+                         ("ShortestPromptFirst", 4.5)] for k in ("short", "long")]
+    fig = plots.strategy_latencies(pd.DataFrame(rows))
+    renderer = drawn_boxes(fig)
+    left, right = fig.axes
+    names = [t for t in left.get_yticklabels() if t.get_text()]
+    assert [t.get_text() for t in names] == ["decode_first", "prefill_first", "round_robin", "ShortestPromptFirst"]
+    boxes = [t.get_window_extent(renderer) for t in names]
+    assert not any(overlap(a, b) for a, b in itertools.combinations(boxes, 2))
+    assert not [t for t in right.get_yticklabels() if t.get_visible() and t.get_text()]   # named once
+    assert left.get_legend() is None and right.get_legend() is None and len(fig.legends) == 1
+    legend = fig.legends[0].get_window_extent(renderer)
+    bars = [p.get_window_extent(renderer) for ax in fig.axes for p in ax.patches]
+    assert bars and not any(overlap(legend, bar) for bar in bars)
+    assert left.get_xlabel() == "time to first token (ms)"
+
+
+def test_ttft_cold_warm_labels_a_shared_y_axis_once() -> None:
+    fig = Figure(layout="constrained")
+    axes = fig.subplots(1, 3, sharey=True)
+    for ax in axes:
+        plots.ttft_cold_warm(RESULTS, ax=ax)
+    assert [ax.get_ylabel() for ax in axes] == ["time to first token (ms, log scale)", "", ""]
+    alone = plots.ttft_cold_warm(RESULTS).axes[0]
+    assert alone.get_ylabel() == "time to first token (ms, log scale)"

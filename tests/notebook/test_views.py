@@ -91,7 +91,7 @@ def test_tiers_occupancy() -> None:
 def test_style_shows_units_and_short_keys() -> None:
     cache = hand_made_cache()
     tiers = views.style(views.tiers(cache)).to_string()
-    assert "1000 B" in tiers and "unbounded" in tiers and "12%" in tiers  # 120 of 1000 bytes
+    assert "1000 B" in tiers and "unbounded" in tiers and "12.0%" in tiers  # 120 of 1000 bytes
     rows = views.cache_rows(cache)
     text = views.style(rows).to_string()
     assert "50 B" in text and rows.index[0][:12] in text and rows.index[0] not in text
@@ -99,13 +99,16 @@ def test_style_shows_units_and_short_keys() -> None:
 
 
 def test_style_is_one_way_to_show_every_kind_of_figure() -> None:
-    """Counts with separators, fractions as percents, seconds to the millisecond, clock
-    readings without exponents, other floats to four digits; the frame is untouched."""
+    """Counts with separators, fractions as percents, seconds to the millisecond, unix
+    times as clock times, other floats to four digits; the frame is untouched."""
+    from workbench.notebook.display import clock
+
     df = pd.DataFrame({"n_params": pd.array([134_515_008], dtype="Int64"), "acceptance": [0.666667],
                        "ttft_s": [0.0421337], "itl_ms": [12.3456], "created_at": [1_796_286_123.456],
                        "score": [1_796_286_123.5], "ratio": [0.912399], "pinned": [True]})
     text = views.style(df).to_string()
-    for shown in ("134,515,008", "66.7%", "0.042", "12.3", "1796286123.5", "0.9124", "True"):
+    for shown in ("134,515,008", "66.7%", "0.042", "12.3", clock(1_796_286_123.456), clock(1_796_286_123.5),
+                  "0.9124", "True"):
         assert shown in text, shown
     assert "e+09" not in text and "0.666667" not in text
     assert df["acceptance"].tolist() == [0.666667] and df["n_params"].tolist() == [134_515_008]

@@ -34,3 +34,11 @@ def test_a_slow_prefills_progress_line_is_not_compared() -> None:
         "31 computed)", "\n", reply)])
     assert sanitized(busy[0].text) == sanitized(quiet[0].text)
     assert "TIME ms" in sanitized(reply) and "RATE tok/s" in sanitized(reply)
+
+
+def test_clock_times_of_the_tables_are_not_compared() -> None:
+    """A table shows a unix time as a time of day (workbench.notebook.display.clock)."""
+    from workbench.notebook.display import clock
+
+    one, other = clock(1_796_286_123.46), clock(1_796_299_999.9)
+    assert sanitized(f"ram  lru  {one}") == sanitized(f"ram  lru  {other}") == "ram  lru  CLOCK"

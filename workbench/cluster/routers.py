@@ -284,11 +284,55 @@ class FunctionRouter:
 
     def __init__(self, fn: Callable[..., Any]) -> None:
         self.fn = fn
-        self.name = getattr(fn, "__name__", "function")
+        self.name = function_name(fn)
 
     def choose(self, request: RouteRequest, replicas: Sequence[ReplicaFacts]) -> Decision:
         out = self.fn(request, replicas)
-        return out if isinstance(out, Decision) else Decision(out, f"{self.name}()")
+        return out if isinstance(out, Decision) else Decision(out, f"chosen by {self.name}")
+
+
+def function_name(fn: Callable[..., Any]) -> str:
+    """What the decisions call a function router: its name; for a lambda, its source
+    ("lambda request, replicas: 0") where Python can find it, else "lambda"; for another
+    callable, its class's name."""
+    name = getattr(fn, "__name__", None)
+    if name is None:
+        return type(fn).__name__
+    if name != "<lambda>":
+        return str(name)
+    return _lambda_source(fn) or "lambda"
+
+
+def _lambda_source(fn: Callable[..., Any]) -> str | None:
+    """The text of the one lambda expression on the lines that define ``fn`` (a cell's
+    lines too: IPython keeps them for inspect), or None."""
+    import ast
+    import inspect
+    import textwrap
+
+    try:
+        source = textwrap.dedent(inspect.getsource(fn))
+    except (OSError, TypeError):
+        return None
+    tree = None
+    for end in range(len(source), 0, -1):  # a lambda inside a longer statement: its first lines may parse
+        try:
+            tree = ast.parse(source[:end])
+            break
+        except SyntaxError:
+            if end < len(source) - 400:
+                return None
+    if tree is None:
+        return None
+    code = getattr(fn, "__code__", None)
+    argnames = list(code.co_varnames[:code.co_argcount]) if code is not None else None
+    found = [node for node in ast.walk(tree) if isinstance(node, ast.Lambda)
+             and (argnames is None or [a.arg for a in node.args.args] == argnames)]
+    outer = [n for n in found if not any(n is not o and n in ast.walk(o) for o in found)]
+    if len(outer) != 1:
+        return None
+    text = ast.get_source_segment(source, outer[0])
+    return " ".join(text.split()) if text else None
 
 
 ROUTERS: dict[str, Callable[..., Any]] = {

@@ -49,7 +49,14 @@ def replicas_frame(cluster: Cluster) -> Any:
             row.update({k.removeprefix("cache_"): v for k, v in c.items()
                         if k.startswith(("cache_hits_", "cache_misses_"))})
         rows.append(row)
-    return pd.DataFrame(rows).set_index("replica")
+    return _table(pd.DataFrame(rows).set_index("replica"))
+
+
+def _table(df: Any) -> Any:
+    """A frame marked to show with the notebook's display format (the figures keep their values)."""
+    from workbench.notebook.display import table
+
+    return table(df)
 
 
 def decisions_frame(cluster: Cluster) -> Any:
@@ -67,24 +74,31 @@ def decisions_frame(cluster: Cluster) -> Any:
                    reused_tokens=out.get("reused_tokens"), ttft_s=out.get("ttft_s"), error=out.get("error"))
         rows.append(row)
     columns = ["ref", "kind", "session", "router", "replica", "reason"]
-    return pd.DataFrame(rows, columns=None if rows else columns)
+    return _table(pd.DataFrame(rows, columns=None if rows else columns))
 
 
 def plot_routing(cluster: Cluster) -> Any:
-    """Requests routed and prompt tokens reused per replica, side by side."""
-    import matplotlib.pyplot as plt
+    """Requests routed and prompt tokens reused per replica, side by side (a Figure that
+    shows itself in IPython, built without pyplot)."""
+    from matplotlib.ticker import MaxNLocator
+
+    from workbench.notebook.figure import Figure
 
     df = decisions_frame(cluster)
     names = [m.name for m in cluster.members]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(8, 3))
+    fig = Figure(figsize=(8, 3), layout="constrained")
+    ax1, ax2 = fig.subplots(1, 2)
     counts = [int((df["replica"] == n).sum()) if len(df) else 0 for n in names]
     reused = [int(df.loc[df["replica"] == n, "reused_tokens"].fillna(0).sum()) if len(df) else 0 for n in names]
     ax1.bar(names, counts, color="#4c72b0")
     ax1.set_title("requests routed")
+    ax1.set_ylabel("requests")
     ax2.bar(names, reused, color="#55a868")
     ax2.set_title("prompt tokens reused from cache")
+    ax2.set_ylabel("prompt tokens")
     for ax in (ax1, ax2):
         ax.tick_params(axis="x", labelrotation=0)
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("replica")
     fig.suptitle(f"router: {df['router'].iloc[-1] if len(df) else '-'}")
-    fig.tight_layout()
     return fig

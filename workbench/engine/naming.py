@@ -53,6 +53,7 @@ def model_facts(eng: Any, live: dict[str, int]) -> dict[str, Any]:
         "type_v": eng.ctx_params["type_v"],
         "prefill_chunk_size": eng.chunk,
         "batch_strategy": strategy_name(eng.strategy),
+        "deterministic": bool(eng.cfg.deterministic),
         **live,
         "phase": eng.phase,
         "queue_depth": len(eng.table.active),

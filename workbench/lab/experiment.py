@@ -158,7 +158,9 @@ def replay(trace: Trace | Sequence[Sequence[int]], policies: Iterable[PolicySpec
                           "footprint_bytes": plan.footprint_tokens * bytes_per_token}
     if model is not None:
         _add_measured(df, trace, model, response_tokens, sessions, per_request)
-    return df
+    from workbench.notebook.display import table  # shown with units in IPython; the figures stay raw
+
+    return table(df)
 
 
 def plot_miss_ratio_curves(df: Any, *, metric: str = "miss_ratio", ax: Any = None) -> Any:

@@ -112,10 +112,21 @@ def _load(m: MagicsHost, args: Any) -> None:
           f"n_ctx {info['n_ctx']}, {info['n_seq_max']} sequences")
 
 
+MODEL_COLUMNS = ["params", "desc", "size_bytes", "n_ctx", "n_seq_max", "available_seqs", "phase", "queue_depth",
+                 "deterministic"]   # what %wb models shows without --all
+ROW_COLUMNS = ["tier", "rank", "reason", "n_tokens", "bytes", "hits", "idle_s", "pinned", "live"]  # %wb cache's
+
+
+def _columns(df: Any, columns: list[str], every: bool) -> Any:
+    """``df`` with only ``columns`` (those it has), or whole with --all."""
+    return df if every else df[[c for c in columns if c in df.columns]]
+
+
 @magic_arguments(name="wb models")
+@argument("--all", dest="every", action="store_true", help="every column of views.models()")
 def _models(m: MagicsHost, args: Any) -> Any:
-    """Loaded models (a DataFrame)."""
-    return views.models()
+    """Loaded models (a DataFrame; --all for every column of model_info)."""
+    return _columns(views.models(), MODEL_COLUMNS, args.every)
 
 
 @magic_arguments(name="wb unload")
@@ -184,10 +195,12 @@ def _mode(m: MagicsHost, args: Any) -> None:
 
 
 @magic_arguments(name="wb cache")
+@argument("--all", dest="every", action="store_true",
+          help="every column of views.cache_rows() (scores, times, copies, scope)")
 @with_arguments(_cache_args)
 def _cache(m: MagicsHost, args: Any) -> Any:
-    """Cached KV rows with their eviction scores (next victim first)."""
-    return views.cache_rows(m.cache_of(args))
+    """Cached KV rows, next victim first (tier, rank, size, hits, idle time; --all: scores too)."""
+    return _columns(views.cache_rows(m.cache_of(args)), ROW_COLUMNS, args.every)
 
 
 @magic_arguments(name="wb chunks")

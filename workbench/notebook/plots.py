@@ -51,7 +51,7 @@ def ttft_cold_warm(results: Iterable[Any], *, ax: Any = None) -> Any:
         _boxes_and_dots(ax, kinds, data)
     if len(df) and (df["ttft_s"] > 0).all():
         _log_scale(ax)
-    ax.set_ylabel("time to first token (ms, log scale)" if ax.get_yscale() == "log" else "time to first token (ms)")
+    label_y_once(ax, "time to first token (ms, log scale)" if ax.get_yscale() == "log" else "time to first token (ms)")
     ax.set_xlabel("cache hit kind")
     cold = df.loc[df["cache_hit_kind"] == "cold", "ttft_s"].to_numpy() * 1000
     _label_speedups(ax, cold, kinds, data)
@@ -59,6 +59,15 @@ def ttft_cold_warm(results: Iterable[Any], *, ax: Any = None) -> Any:
     title = "cold vs warm time to first token"
     ax.set_title(title + (f" (median {ratio:.1f}x faster warm)" if ratio is not None else ""))
     return fig
+
+
+def label_y_once(ax: Any, label: str) -> None:
+    """``ax``'s y label, unless it shares its y axis with a panel to its left in the same
+    figure (subplots(..., sharey=True)): a shared axis is labelled once, on the left."""
+    x0 = ax.get_position().x0
+    left = [a for a in ax.get_shared_y_axes().get_siblings(ax)
+            if a is not ax and a.figure is ax.figure and a.get_position().x0 < x0 - 1e-9]
+    ax.set_ylabel("" if left else label)
 
 
 def _boxes_and_dots(ax: Any, kinds: list[str], data: list[Any]) -> None:
@@ -163,18 +172,30 @@ def chunk_storage(cache: Any = None, *, ax: Any = None) -> Any:
     fig, ax = figure_and_axes(ax, (7.0, 1.0 + 0.6 * max(1, len(names))))
     shared = [sum(k["size_bytes"] for k in chunks if n in k["tiers"] and k["refcount"] > 1) for n in names]
     own = [sum(k["size_bytes"] for k in chunks if n in k["tiers"] and k["refcount"] <= 1) for n in names]
-    ax.barh(names, shared, color="#198754", label="shared by several rows")
-    ax.barh(names, own, left=shared, color="#adb5bd", label="one row's (or none's)")
+    unit, scale = byte_unit(max((a + b for a, b in zip(shared, own)), default=0))
+    ax.barh(names, [a / scale for a in shared], color="#198754", label="shared by several rows")
+    ax.barh(names, [b / scale for b in own], left=[a / scale for a in shared], color="#adb5bd",
+            label="one row's (or none's)")
     for y, (a, b) in enumerate(zip(shared, own)):
-        ax.text(a + b, y, f"  {format_bytes(a + b)}", va="center", fontsize="small")
+        ax.text((a + b) / scale, y, f"  {format_bytes(a + b)}", va="center", fontsize="small")
+    ax.set_xlim(0, 1.3 * max((a + b for a, b in zip(shared, own)), default=0) / scale or 1.0)  # room for labels
     distinct = sum(k["size_bytes"] for k in chunks)
     whole = sum(r["bytes"] for r in rows)
     ratio = f" ({whole / distinct:.1f}x)" if distinct else ""
     ax.set_title(f"chunk storage: {format_bytes(distinct)} stored; {len(rows)} rows whole: {format_bytes(whole)}"
                  + ratio)
-    ax.set_xlabel("bytes")
-    ax.legend(loc="lower right", fontsize="small")
+    ax.set_xlabel(f"stored ({unit})")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small", frameon=False)
     return fig
+
+
+def byte_unit(largest: float) -> tuple[str, float]:
+    """The unit an axis of byte sizes up to ``largest`` is drawn in (as `format_bytes`
+    writes that size), and its size in bytes: ("MiB", 2**20)."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if largest >= scale:
+            return unit, float(scale)
+    return "B", 1.0
 
 
 def eviction_timeline(replay: pd.DataFrame, *, size_bytes: int | None = None,
@@ -239,30 +260,45 @@ LINESTYLES = ("-", "--", "-.", ":")
 OPTIMAL = "optimal"  # the lab's offline optimum (policy='belady'), drawn as the bound
 
 
+OVERLAP = 0.01  # curves no further apart than this share of the y axis anywhere are drawn as one would see them: one
+
+
 def miss_ratio_curves(replay: pd.DataFrame, *, metric: str = "miss_ratio", ax: Any = None) -> Any:
     """`metric` (miss_ratio, hit_ratio, byte_hit_ratio, prefill_saved_fraction, ...)
     against cache size, one line per policy (each its own marker and line style), log-scale
-    sizes; a policy whose curve equals an earlier one's says so in the legend. The offline
-    optimum (policy 'optimal', `lab.replay(..., ['belady'])`) is a black dashed line,
-    "optimal (Belady)", drawn under the others: the bound they are measured against."""
+    sizes, the y axis fitted to the values (from 0 unless they all lie far above it). A
+    policy whose curve equals an earlier one's, or stays within 1% of the axis of it
+    everywhere (two lines one would see as one), says so in the legend ("identical to lru",
+    "overlaps lru: within 0.001") and is drawn under it with a larger hollow marker, so both
+    show. The offline optimum (policy 'optimal', `lab.replay(..., ['belady'])`) is a black
+    dashed line, "optimal (Belady)", drawn under the others: the bound they are measured
+    against."""
     if metric not in replay.columns:
         raise ValueError(f"no column {metric!r} in the replay output")
     from workbench.units import format_bytes
 
     fig, ax = figure_and_axes(ax)
+    values = replay[metric].astype(float)
+    limits = fitted_limits(values, bounded=bool(len(values.dropna())) and values.min() >= 0 and values.max() <= 1)
+    tolerance = OVERLAP * (limits[1] - limits[0]) if limits is not None else 0.0
     drawn: dict[str, pd.Series] = {}
     i = 0
     for name, part in replay.groupby("policy", observed=True, sort=False):
         curve = part.sort_values("size_bytes").set_index("size_bytes")[metric].astype(float)
-        same = next((other for other, c in drawn.items() if c.index.equals(curve.index) and c.equals(curve)), None)
-        note = f" (identical to {same})" if same else ""
+        near, gap = _nearest_curve(curve, drawn)
+        overlaps = near is not None and gap <= tolerance
+        note = "" if not overlaps else (f" (identical to {near})" if gap == 0 else
+                                       f" (overlaps {near}: within {gap:.1g})")
         if str(name) == OPTIMAL:
             ax.plot(curve.index, curve.to_numpy(), color="black", linestyle="--", linewidth=1.5, marker="",
                     zorder=1.5, label="optimal (Belady)" + note)
         else:
-            ax.plot(curve.index, curve.to_numpy(), marker=MARKERS[i % len(MARKERS)],
-                    linestyle=LINESTYLES[i % len(LINESTYLES)], markerfacecolor="none" if i % 2 else None,
-                    zorder=2, label=str(name) + note)
+            style: dict[str, Any] = {"marker": MARKERS[i % len(MARKERS)], "linestyle": LINESTYLES[i % len(LINESTYLES)],
+                                     "markerfacecolor": "none" if i % 2 else None, "zorder": 2}
+            if overlaps:  # beneath the line it would hide, a ring around that line's marker
+                style.update(markersize=11, markerfacecolor="none", markeredgewidth=1.6, linewidth=3.0, alpha=0.6,
+                             zorder=1.8)
+            ax.plot(curve.index, curve.to_numpy(), label=str(name) + note, **style)
             i += 1
         drawn[str(name)] = curve
     sizes = sorted(set(replay["size_bytes"]))
@@ -271,28 +307,67 @@ def miss_ratio_curves(replay: pd.DataFrame, *, metric: str = "miss_ratio", ax: A
     ax.minorticks_off()
     ax.set_xlabel("cache size")
     ax.set_ylabel(metric.replace("_", " "))
-    ax.set_ylim(0, 1 if replay[metric].max() <= 1 else None)
+    if limits is not None:
+        ax.set_ylim(*limits)
     ax.set_title(f"{metric.replace('_', ' ')} curves")
     ax.legend(fontsize="small")
     return fig
 
 
+def _nearest_curve(curve: pd.Series, drawn: dict[str, pd.Series]) -> tuple[str | None, float]:
+    """The drawn curve over the same sizes closest to ``curve`` (by its largest difference
+    at any size), and that difference; (None, inf) when none has the same sizes."""
+    best: tuple[str | None, float] = (None, float("inf"))
+    for name, other in drawn.items():
+        if not other.index.equals(curve.index):
+            continue
+        gap = 0.0 if other.equals(curve) else float((other - curve).abs().max())
+        if gap == gap and gap < best[1]:
+            best = (name, gap)
+    return best
+
+
+def fitted_limits(values: Any, *, bounded: bool = False, pad: float = 0.06) -> tuple[float, float] | None:
+    """y limits that fit ``values``: from 0 (or, for values all far above 0, from a little
+    under the lowest) to a little over the highest; a share (``bounded``) no higher than just
+    over 1. None without finite values."""
+    v = pd.Series(values, dtype=float)
+    v = v[v.abs() != float("inf")].dropna()
+    if not len(v):
+        return None
+    lo, hi = float(v.min()), float(v.max())
+    bottom = 0.0 if lo >= 0 and (hi == 0 or lo <= 0.5 * hi) else lo
+    span = (hi - bottom) or abs(hi) or 1.0
+    top = hi + pad * span
+    if bounded:
+        top = min(top, 1.0 + pad / 2)
+    return (bottom - pad * span if bottom != 0 else 0.0), top
+
+
 def strategy_latencies(df: pd.DataFrame, *, figsize: tuple[float, float] = (9.0, 3.5)) -> Any:
     """Mean time to first token and mean inter-token latency per batch strategy, for long
-    and short requests apart (workbench.lab.scheduling.compare_strategies' DataFrame)."""
+    and short requests apart (workbench.lab.scheduling.compare_strategies' DataFrame):
+    horizontal bars, the strategies named once on the shared axis at the left, one legend
+    above the panels."""
     from workbench.notebook.figure import Figure
 
     fig = Figure(figsize=figsize, layout="constrained")
-    axes = fig.subplots(1, 2)
+    axes = fig.subplots(1, 2, sharey=True)
     for ax, (col, label) in zip(axes, [("ttft_s", "time to first token (ms)"),
                                        ("itl_s", "mean inter-token latency (ms)")]):
         means = df.pivot_table(index="strategy", columns="kind", values=col, aggfunc="mean", sort=False) * 1000
         if not means.empty:
-            means.plot.bar(ax=ax, rot=0)
-        ax.set_ylabel(label)
-        ax.set_xlabel("")
+            means.plot.barh(ax=ax, legend=False, color=[f"C{i}" for i in range(len(means.columns))])
+        ax.set_xlabel(label)
+        ax.set_ylabel("")
+        ax.tick_params(axis="y", which="minor", left=False)
+    axes[0].invert_yaxis()  # the first strategy on top (the axis is shared)
     axes[0].set_title("first token")
     axes[1].set_title("between tokens")
+    handles, labels = axes[0].get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, labels, loc="outside upper center", ncol=len(labels), fontsize="small",
+                   title="requests", title_fontsize="small", frameon=False)
     return fig
 
 

@@ -52,10 +52,10 @@ def stats_line(stats: Stats | None, finish_reason: str | None = None, stop_seque
             parts.append(f"ttft {stats.ttft_s * 1000:.0f} ms")
         if stats.decode_tps is not None:
             parts.append(f"{stats.decode_tps:.1f} tok/s")
-        parts.append(f"{stats.prompt_tokens} prompt ({stats.prefilled_tokens} prefilled) + "
-                     f"{stats.generated_tokens} generated")
+        parts.append(f"{stats.prompt_tokens:,} prompt ({stats.prefilled_tokens:,} prefilled) + "
+                     f"{stats.generated_tokens:,} generated")  # counts as the tables show them
         delta = stats.cache_delta or {}
-        parts.append(f"cache: {delta.get('read', 0)} tokens read, {delta.get('created', 0)} stored")
+        parts.append(f"cache: {delta.get('read', 0):,} tokens read, {delta.get('created', 0):,} stored")
         spec = getattr(stats, "speculative", None)
         if spec:
             parts.append(f"speculative {spec.get('kind', '')}: {spec.get('accepted', 0)} of "

@@ -21,6 +21,8 @@ from workbench.cache import HitKind
 from workbench.cache.interface import PrefixCache
 from workbench.engine.events import REQUEST_PHASES
 from workbench.errors import InvalidOption
+from workbench.notebook.display import column_format, table
+from workbench.notebook.display import shown as shown  # views.shown(df): a frame's figures as shown
 from workbench.units import format_count
 
 HIT_KINDS = tuple(kind.value for kind in HitKind)  # the categories of cache_hit_kind columns
@@ -55,9 +57,10 @@ def resolve_cache(cache: AnyCache | str | None = None) -> AnyCache:
 
 
 def _frame(rows: list[dict[str, Any]], dtypes: dict[str, Any], index: str | list[str] | None) -> pd.DataFrame:
+    """The view's DataFrame, marked to show with units in IPython (display.table)."""
     df = pd.DataFrame(rows, columns=list(dtypes))
     df = df.astype(dtypes)
-    return df.set_index(index) if index is not None else df
+    return table(df.set_index(index) if index is not None else df)
 
 
 # --- engine -------------------------------------------------------------------------------
@@ -122,7 +125,7 @@ def latency(history: pd.DataFrame | None = None, by: str | list[str] | None = No
         for m in metrics:
             rows.append({**label, "metric": m, **_percentiles(_values(part, m))})
     out = pd.DataFrame(rows, columns=[*keys, "metric", "count", "mean", "p50", "p90", "p99"])
-    return out.set_index([*keys, "metric"])
+    return table(out.set_index([*keys, "metric"]))
 
 
 def _values(df: pd.DataFrame, metric: str) -> Any:
@@ -159,8 +162,9 @@ _MODEL_DTYPES = {  # nullable dtypes: model_info may lack a key on some builds (
     "model_id": "string", "params": "string", "desc": "string", "path": "string", "fingerprint": "string",
     "n_params": "Int64", "size_bytes": "Int64", "n_vocab": "Int64", "n_ctx_train": "Int64", "n_ctx": "Int64",
     "n_batch": "Int64", "n_ubatch": "Int64", "n_seq_max": "Int64", "n_threads": "Int64", "flash_attn": "string",
-    "type_k": "string", "type_v": "string", "prefill_chunk_size": "Int64", "available_seqs": "Int64",
-    "phase": "category", "queue_depth": "Int64", "has_chat_template": "boolean", "gpu": "object",
+    "type_k": "string", "type_v": "string", "prefill_chunk_size": "Int64", "deterministic": "boolean",
+    "available_seqs": "Int64", "phase": "category", "queue_depth": "Int64", "has_chat_template": "boolean",
+    "gpu": "object",
 }
 
 
@@ -280,51 +284,18 @@ def tiers(cache: AnyCache | str | None = None) -> pd.DataFrame:
 # --- display ----------------------------------------------------------------------------------
 
 def style(df: pd.DataFrame) -> Any:
-    """A pandas Styler showing a view with units, the one way the workbench's tables show
-    figures: bytes columns (`bytes`, `*_bytes`) as KiB/MiB/GiB (an NA budget as
-    "unbounded"), fractions (occupancy, acceptance) as a percent, seconds (`*_s`) to the
-    millisecond, milliseconds (`*_ms`), MiB and rates (`*_tps`) to 0.1, counts with
-    thousands separators, clock readings (score, *_at, arrival) to 0.1 s, other figures to
-    4 significant digits, keys cut to 12 characters. The DataFrame keeps its raw numbers."""
-    names = [str(c) for c in df.columns]
-    sized = [c for c in names if c == "bytes" or c.endswith("_bytes")]
-    formats = {c: f for c in names if c not in sized and (f := _display_format(c, df[c].dtype)) is not None}
-    styler = df.style.format(formats, na_rep="-").format(_bytes_text, subset=sized)
+    """A pandas Styler showing a frame in the workbench's one display format
+    (`workbench.notebook.display`: bytes as KiB/MiB/GiB, an NA budget as "unbounded",
+    shares as percents, seconds to the millisecond, milliseconds, MiB and rates to 0.1,
+    counts with thousands separators, unix times as clock times, other figures to four
+    significant digits, keys cut to 12 characters), for `to_html` / `to_string` or
+    further styling. In IPython the views' frames already show so (`display.shown`); the
+    DataFrame keeps its raw numbers."""
+    formats = {c: column_format(c, df[c].dtype) for c in df.columns}
+    styler = df.style.format(formats)
     if df.index.name == "key":
         styler = styler.format_index(lambda k: str(k)[:12])
     return styler
-
-
-FRACTIONS = ("occupancy", "acceptance")  # shown as a percent
-CLOCKS = ("score", "arrival")            # readings of a clock (seconds), as are *_at columns
-
-
-def _display_format(column: str, dtype: Any = None) -> str | None:
-    if column in FRACTIONS:
-        return "{:.0%}" if column == "occupancy" else "{:.1%}"
-    if column == "percent_full":
-        return "{:.0f}%"
-    if column == "score_norm":
-        return "{:.2f}"
-    if column in CLOCKS or column.endswith("_at"):
-        return "{:.1f}"
-    if column.endswith("_s"):
-        return "{:.3f}"
-    if column.endswith(("_ms", "MiB", "_tps")):
-        return "{:.1f}"
-    if dtype is not None and pd.api.types.is_bool_dtype(dtype):
-        return None
-    if dtype is not None and pd.api.types.is_integer_dtype(dtype):
-        return "{:,}"
-    if dtype is not None and pd.api.types.is_float_dtype(dtype):
-        return "{:.4g}"
-    return None
-
-
-def _bytes_text(value: Any) -> str:
-    from workbench.units import format_bytes
-
-    return format_bytes(None if pd.isna(value) else value)
 
 
 # --- speculative decoding ---------------------------------------------------------------------
