@@ -41,8 +41,7 @@ from workbench.cache.format import CorruptReason, CorruptRow
 from workbench.cache.interface import Held, MaxPayload, PrefixCache, Restored, Saved, SequenceKv
 from workbench.cache.keys import CacheNamespace, Tokens
 from workbench.cache.policies import DEFAULT_POLICY, PolicySpec
-from workbench.cache.queued import QueuedSaves
-from workbench.cache.save_queue import SaveQueue
+from workbench.cache.queued import PendingSaves
 from workbench.cache.tiers import Tier
 from workbench.cache.types import HitKind, SaveReason
 from workbench.errors import InvalidOption
@@ -60,7 +59,7 @@ class ChunkHit:
 
 
 class _Prefixes:
-    """The store's longest stored prefix and row keys, for QueuedSaves' wait."""
+    """The store's longest stored prefix and row keys, for PendingSaves' wait."""
 
     def __init__(self, store: ChunkStore) -> None:
         self._store = store
@@ -79,7 +78,7 @@ class _Prefixes:
 MIN_CHAIN_TOKENS = 16
 
 
-class ChunkedCache(QueuedSaves, PrefixCache):
+class ChunkedCache(PrefixCache):
     storage = "chunks"
 
     def __init__(self, store: ChunkStore, *, dir_kind: str | None = None, save_workers: int = 2,
@@ -89,12 +88,8 @@ class ChunkedCache(QueuedSaves, PrefixCache):
             store.tiers[-1].kind = dir_kind  # 'disk' or 'shm': what the store's directory is
         self._store = store
         self._counters = store.counters
-        self._catalog = _Prefixes(store)
-        self._queued: dict[str, tuple[bytes, bytes, threading.Event]] = {}
-        self._live_wanted: dict[str, bool] = {}
-        self._saves: SaveQueue | None = None
-        self._save_workers = save_workers
-        self._max_pending = max_pending_saves
+        self.pending = PendingSaves(self._lock, self._counters, _Prefixes(store), self.put, self.set_live,
+                                    workers=save_workers, max_pending=max_pending_saves)
         self._row_hits: dict[str, tuple[int, float]] = {}  # row -> (hits, last hit)
         self.default_policy: PolicySpec = DEFAULT_POLICY  # an added tier's policy when it names none
         self.min_chain_tokens = min_chain_tokens  # chunked_cache: MIN_CHAIN_TOKENS
@@ -341,7 +336,7 @@ class ChunkedCache(QueuedSaves, PrefixCache):
     def set_live(self, key: str, live: bool = True) -> bool:
         """As ``TieredCache.set_live``: a row whose save is queued gets the mark when it lands."""
         with self._lock:
-            return self._store.set_live(key, live) or self.defer_live(key, live)
+            return self._store.set_live(key, live) or self.pending.defer_live(key, live)
 
     # -- views -----------------------------------------------------------------------------
     def rows(self) -> list[dict[str, Any]]:
@@ -384,8 +379,7 @@ class ChunkedCache(QueuedSaves, PrefixCache):
                 "pinned": pinned, "tiers": self.list_tiers(), "counters": self.counters()}
 
     def close(self, wait: bool = True) -> None:
-        if self._saves is not None:
-            self._saves.close(wait=wait)
+        self.pending.close(wait=wait)
 
 
 def chunked_cache(tiers: Sequence[tuple[Tier, PolicySpec | None]], policy: PolicySpec, chunk_size: int,

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 from workbench.cache.format import CorruptReason
 from workbench.cache.keys import CacheNamespace, Tokens
 from workbench.cache.policies import PolicySpec
+from workbench.cache.queued import PendingSaves
 from workbench.cache.tiers import Tier
 from workbench.cache.types import HitKind, SaveReason
 
@@ -82,6 +83,7 @@ class PrefixCache(abc.ABC):
     """The prefix cache as its callers see it (see the module's docstring)."""
 
     storage: str  # 'chunks' or 'rows'
+    pending: PendingSaves  # its saves queued on the writer pool (each storage makes its own)
 
     # -- the engine's calls ----------------------------------------------------------------
     @abc.abstractmethod
@@ -177,8 +179,34 @@ class PrefixCache(abc.ABC):
     def scan(self) -> Mapping[str, Any]:
         """Adopt what the persistent tiers hold (start-up); what each scan found."""
 
+    # -- lookups and background saves ------------------------------------------------------
     @abc.abstractmethod
-    def wait_for_saves(self, timeout: float | None = None) -> bool: ...
+    def lookup(self, namespace: CacheNamespace | bytes, tokens: Tokens) -> Any:
+        """The longest stored prefix of ``tokens`` (a hit with ``n_tokens``, or None); counts
+        the hit kind."""
+
+    @abc.abstractmethod
+    def match_key(self, namespace: CacheNamespace | bytes, tokens: Tokens, key: str) -> Any:
+        """Row ``key`` when it is in ``namespace`` and a prefix of ``tokens`` (an exact hit,
+        counted); None, counting nothing, otherwise."""
+
+    def find_prefix(self, namespace: CacheNamespace | bytes, tokens: Tokens,
+                    parent_key: str | None = None) -> tuple[Any, bool]:
+        """What a restore of ``tokens`` reads (``PendingSaves.find_prefix``)."""
+        return self.pending.find_prefix(namespace, tokens, parent_key, self.match_key, self.lookup)
+
+    def put_async(self, namespace: CacheNamespace, tokens: Tokens, payload: Any,
+                  reason: SaveReason | str = SaveReason.FINISH, **kwargs: Any) -> bool:
+        """``put`` on the bounded writer pool; False (saves_dropped) when it is full."""
+        return self.pending.submit(namespace, tokens, payload, reason, **kwargs)
+
+    def wait_for_queued(self, namespace: CacheNamespace | bytes, tokens: Tokens, key: str | None = None,
+                        timeout: float = 0.5) -> bool:
+        return self.pending.wait_for(namespace, tokens, key, timeout)
+
+    def wait_for_saves(self, timeout: float | None = None) -> bool:
+        """Wait until the writer pool has no save pending; False on timeout."""
+        return self.pending.drain(timeout)
 
     @abc.abstractmethod
     def close(self, wait: bool = True) -> None: ...

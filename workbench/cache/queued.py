@@ -1,15 +1,18 @@
-"""Background saves: the bounded writer pool behind `TieredCache.put_async`, and the brief
-wait of a lookup for a queued row that would serve it (a mixin of `TieredCache`).
+"""Background saves: the bounded writer pool behind a cache's `put_async`, and the brief wait
+of a lookup for a queued row that would serve it.
 
-The host provides `_lock`, `_counters`, `_catalog`, `_queued` (key -> (namespace, tokens,
-event set when the save is stored or given up)), `_saves` (the SaveQueue, created on first
-use from `_save_workers` and `_max_pending`) and `put`.
+A cache HAS a :class:`PendingSaves` (both storages: `TieredCache`, `ChunkedCache`), made with
+what it needs of its host and nothing more: the host's lock (the queue's bookkeeping moves
+under it, with the catalog it is compared with), its counters, what is stored (the longest
+stored prefix, whether a row key is stored), and two callables, the host's `put` (what a
+queued save runs) and `set_live` (a live mark asked for while the save was queued).
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from workbench.cache import keys
@@ -28,30 +31,39 @@ class StoredPrefixes(Protocol):
     def __contains__(self, key: object) -> bool: ...
 
 
-class QueuedSaves:
-    _lock: threading.RLock
-    _counters: Counters
-    _catalog: StoredPrefixes
-    _queued: dict[str, tuple[bytes, bytes, threading.Event]]
-    _live_wanted: dict[str, bool]
-    _saves: SaveQueue | None
-    _save_workers: int
-    _max_pending: int
-    put: Any
-    lookup: Any
-    match_key: Any
-    set_live: Any
+#: A lookup: (namespace, tokens) -> a hit with ``n_tokens``, or None.
+Lookup = Callable[[Any, Tokens], Any]
 
-    def put_async(self, namespace: CacheNamespace, tokens: Tokens, payload: Any,
-                  reason: SaveReason | str = SaveReason.FINISH, **kwargs: Any) -> bool:
-        """`put` on the bounded writer pool; False (saves_dropped += 1) if the pool is full.
-        `payload`: what the host's `put` stores (a state, or a chunked cache's chunk payloads)."""
+
+class PendingSaves:
+    """Saves queued on the writer pool and not stored yet, by row key."""
+
+    def __init__(self, lock: threading.RLock, counters: Counters, stored: StoredPrefixes,
+                 put: Callable[..., Any], set_live: Callable[[str, bool], Any], *,
+                 workers: int = 2, max_pending: int = 8) -> None:
+        self._lock = lock
+        self._counters = counters
+        self._stored = stored
+        self._put = put
+        self._set_live = set_live
+        self._workers = workers
+        self._max_pending = max_pending
+        # key -> (namespace, tokens, an event set when the save is stored or given up)
+        self._queued: dict[str, tuple[bytes, bytes, threading.Event]] = {}
+        self._live_wanted: dict[str, bool] = {}
+        self._saves: SaveQueue | None = None  # made on first use
+
+    def submit(self, namespace: CacheNamespace, tokens: Tokens, payload: Any,
+               reason: SaveReason | str = SaveReason.FINISH, **kwargs: Any) -> bool:
+        """The host's `put` on the bounded writer pool; False (saves_dropped += 1) if the pool
+        is full. `payload`: what the host's `put` stores (a state, or chunk payloads)."""
         ns, raw = namespace.digest(), keys.token_bytes(tokens)
         key = keys.row_key_from_bytes(ns, raw) if raw else None
         done = threading.Event()
         with self._lock:
             if self._saves is None:
-                self._saves = SaveQueue(self._save_workers, self._max_pending, self._counters)
+                self._saves = SaveQueue(self._workers, self._max_pending, self._counters)
+            saves = self._saves
             if key is not None and key not in self._queued:
                 self._queued[key] = (ns, raw, done)
             else:
@@ -59,11 +71,11 @@ class QueuedSaves:
 
         def job() -> None:
             try:
-                self.put(namespace, tokens, payload, reason, **kwargs)
+                self._put(namespace, tokens, payload, reason, **kwargs)
             finally:
                 self._unqueue(key, done)
 
-        if self._saves.submit(job):
+        if saves.submit(job):
             return True
         self._unqueue(key, done)
         return False
@@ -75,7 +87,7 @@ class QueuedSaves:
                     del self._queued[key]
                 wanted = self._live_wanted.pop(key, None)
                 if wanted is not None:
-                    self.set_live(key, wanted)
+                    self._set_live(key, wanted)
         done.set()
 
     def defer_live(self, key: str, live: bool) -> bool:
@@ -87,24 +99,24 @@ class QueuedSaves:
         self._live_wanted[key] = live
         return True
 
-    def wait_for_queued(self, namespace: CacheNamespace | bytes, tokens: Tokens, key: str | None = None,
-                        timeout: float = 0.5) -> bool:
-        """Wait (at most `timeout` s) for a row that put_async queued and that would serve
-        `tokens` better than what is stored: row `key`, or a longer prefix of `tokens`.
-        True if it waited. A request that follows the one that saved (a next turn, a
-        parent_key resume) then finds the row instead of racing the writer."""
+    def wait_for(self, namespace: CacheNamespace | bytes, tokens: Tokens, key: str | None = None,
+                 timeout: float = 0.5) -> bool:
+        """Wait (at most `timeout` s) for a row that was queued and that would serve `tokens`
+        better than what is stored: row `key`, or a longer prefix of `tokens`. True if it
+        waited. A request that follows the one that saved (a next turn, a parent_key resume)
+        then finds the row instead of racing the writer."""
         if not self._queued:    # the common case: nothing queued, no walk (a racy read is fine)
             return False
         raw = keys.token_bytes(tokens)
         ns = keys.digest_of(namespace)
         with self._lock:
-            stored = self._catalog.longest_prefix(ns, raw)
+            stored = self._stored.longest_prefix(ns, raw)
             best = 0 if stored is None else stored.n_tokens * 4
             wait_on = None
             for k, (qns, qraw, ev) in self._queued.items():
                 if qns != ns or not raw.startswith(qraw):
                     continue
-                if k == key and key not in self._catalog:
+                if k == key and key not in self._stored:
                     wait_on = ev
                     break
                 if len(qraw) > best:
@@ -116,20 +128,25 @@ class QueuedSaves:
         self._counters.inc("queued_wait_ns", time.perf_counter_ns() - start)
         return True
 
-    def find_prefix(self, namespace: CacheNamespace | bytes, tokens: Tokens,
-                    parent_key: str | None = None) -> tuple[Any, bool]:
+    def find_prefix(self, namespace: CacheNamespace | bytes, tokens: Tokens, parent_key: str | None,
+                    match_key: Callable[[Any, Tokens, str], Any], lookup: Lookup) -> tuple[Any, bool]:
         """The stored prefix a request restores: row `parent_key` when it is a prefix of
-        `tokens`, else the longest stored prefix, after the brief wait for a queued save that
-        would serve better. (hit or None, whether the hit came by `parent_key`)."""
-        self.wait_for_queued(namespace, tokens, parent_key)
-        hit = self.match_key(namespace, tokens, parent_key) if parent_key is not None else None
+        `tokens` (the host's `match_key`), else the longest stored prefix (its `lookup`),
+        after the brief wait for a queued save that would serve better. (hit or None,
+        whether the hit came by `parent_key`)."""
+        self.wait_for(namespace, tokens, parent_key)
+        hit = match_key(namespace, tokens, parent_key) if parent_key is not None else None
         if hit is not None:
             return hit, True
-        return self.lookup(namespace, tokens), False
+        return lookup(namespace, tokens), False
 
-    def wait_for_saves(self, timeout: float | None = None) -> bool:
+    def drain(self, timeout: float | None = None) -> bool:
         """Wait until the writer pool has no save pending; False on timeout."""
         with self._lock:
             saves = self._saves
         return True if saves is None else saves.drain(timeout)
 
+    def close(self, wait: bool = True) -> None:
+        """Finish (or abandon) the pending saves."""
+        if self._saves is not None:
+            self._saves.close(wait=wait)

@@ -35,14 +35,13 @@ from workbench.cache.keys import CacheNamespace, Tokens
 from workbench.cache.levels import Level
 from workbench.cache.placement import Job, TierStack
 from workbench.cache.policies import DEFAULT_POLICY, PolicySpec, get_policy
-from workbench.cache.queued import QueuedSaves
-from workbench.cache.save_queue import SaveQueue
+from workbench.cache.queued import PendingSaves
 from workbench.cache.row_scans import RowScans
 from workbench.cache.tiers import Detached, RowMissing, Tier
 from workbench.cache.types import HitKind, Match, RowStats, SaveReason
 
 
-class TieredCache(RowScans, QueuedSaves, PrefixCache):
+class TieredCache(RowScans, PrefixCache):
     """Content-addressed KV prefix cache over ordered tiers; all methods are thread-safe."""
 
     storage = "rows"
@@ -62,14 +61,10 @@ class TieredCache(RowScans, QueuedSaves, PrefixCache):
         self._catalog: Catalog = Catalog(block_size)
         self._stack = TierStack(self._catalog, self._counters, self._lock, clock)
         self._inflight: dict[str, tuple[bytes, bytes]] = {}  # puts being written: (ns, tokens)
-        # put_async rows not stored yet: key -> (ns, tokens, set when stored or given up)
-        self._queued: dict[str, tuple[bytes, bytes, threading.Event]] = {}
-        self._live_wanted: dict[str, bool] = {}
         self._default_policy = policy
         self._clock = clock
-        self._save_workers = save_workers
-        self._max_pending = max_pending_saves
-        self._saves: SaveQueue | None = None
+        self.pending = PendingSaves(self._lock, self._counters, self._catalog, self.put, self.set_live,
+                                    workers=save_workers, max_pending=max_pending_saves)
         for item in tiers:
             tier, spec = item if isinstance(item, tuple) else (item, None)
             self._add_level(tier, spec)
@@ -339,7 +334,7 @@ class TieredCache(RowScans, QueuedSaves, PrefixCache):
         with self._lock:
             entry = self._catalog.get(key)
             if entry is None:
-                return self.defer_live(key, live)
+                return self.pending.defer_live(key, live)
             entry.stats.live = live
             return True
 
@@ -395,8 +390,7 @@ class TieredCache(RowScans, QueuedSaves, PrefixCache):
 
     def close(self, wait: bool = True) -> None:
         """Finish (or abandon) pending background saves."""
-        if self._saves is not None:
-            self._saves.close(wait=wait)
+        self.pending.close(wait=wait)
 
     # -- internals (lock held) -------------------------------------------------------------
     def _duplicate(self, key: str, ns: bytes, raw: bytes, pinned: bool, live: bool) -> str | None:
