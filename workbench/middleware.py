@@ -65,8 +65,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from typing import Any
 
-from .chat.thinking import ThinkingStream
-from .engine.stream import Stream
+from .engine.stream import EventEnds
 from .errors import InvalidOption
 
 Next = Callable[[Mapping[str, Any]], Any]
@@ -236,7 +235,7 @@ def _check_fits(name: str, sig: inspect.Signature, caller: Middleware, args: Map
 
 def _close_streams(made: list[Any], keep: Any) -> None:
     for out in made:
-        if isinstance(out, (Stream, ThinkingStream)) and out is not keep:
+        if isinstance(out, EventEnds) and out is not keep:  # Stream, ThinkingStream, ChatStream, ...
             out.close()
 
 

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from . import registry
-from .api import collect
+from .generation import collect, token_list
 from .engine.logprobs import piece_text
 from .engine.scoring import ScoreState
 from .engine.stream import Stream
@@ -276,8 +276,6 @@ def _prefill_shared(eng: Any, contexts: list[list[int]], cache_scope: str) -> No
 
 def _tokens(eng: Any, text: Any, key: str) -> list[int]:
     """A string's tokens (BOS per vocab, specials not parsed: text is text) or token ids."""
-    from .api import token_list
-
     return text_tokens(eng, text, True) if isinstance(text, str) else _within(token_list(eng, text, key))
 
 

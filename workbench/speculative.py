@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import registry
-from .api import collect, token_list
+from .generation import collect, token_list
 from .engine.stream import Stream
 from .errors import InvalidOption, UnknownOption
 from .options import RequestOptions, build, check_int

@@ -18,7 +18,7 @@ from typing import Any
 
 import ray
 
-from ..api import collect
+from ..generation import collect
 from ..chat import ChatResult
 from ..engine.events import CompletionResult, Stats
 from ..errors import InvalidOption, ReplicaDown

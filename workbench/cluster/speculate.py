@@ -149,7 +149,7 @@ def verify_in_session(model: str, session_id: str, context: Sequence[int],
     last token (no argmax for the first candidate) is verified again without the session."""
     import workbench as wb
     from .. import registry
-    from ..api import collect, token_list
+    from ..generation import collect, token_list
     from ..engine.stream import Stream
     from ..options import RequestOptions, build
 

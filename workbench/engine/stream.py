@@ -23,7 +23,9 @@ if TYPE_CHECKING:
 
 class EventEnds:
     """What every event handle tracks: the Done (``done``) or the Error's reason (``error``)
-    and whether the stream ended."""
+    and whether the stream ended; and what every one does: ``close`` it. Code that only
+    ends handles (the middleware chain closing the streams it made but did not return)
+    needs this type, not each kind of stream (Stream, chat's ThinkingStream, ...)."""
 
     done: Done | None
     error: BaseException | None = None
@@ -42,6 +44,10 @@ class EventEnds:
             self.error = ev.reason
             self._ended = True
         return ev
+
+    def close(self) -> None:
+        """Stop consuming: the request is cancelled if it has not ended."""
+        raise NotImplementedError
 
 
 class Stream(EventEnds):
