@@ -7,7 +7,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check
-BUILD_DEPS := "scikit-build-core>=0.10" "pybind11>=2.12" ninja "cmake>=3.21"
+BUILD_DEPS := "scikit-build-core>=0.10" "pybind11>=2.12" ninja "cmake>=3.21" wheel
 NATIVE_SRC := $(wildcard csrc/*.cpp csrc/*.h) CMakeLists.txt pyproject.toml vendor/llama.cpp.pin
 PYTEST_ARGS ?=
 GUIDELLM_VENV := build/guidellm-venv

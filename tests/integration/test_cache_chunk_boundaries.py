@@ -84,9 +84,10 @@ def test_tasks_under_a_pinned_agent_prefix_store_it_once(model, disk_chunks):
     parent_key alone: the prefix's last chunk stays its own (a task's reply is not pinned with
     it), and its positions are stored once for every task."""
     tools = SYSTEM + "Tools: search(query), calculator(expression).\n" * 6
-    n_prefix = len(wb.tokenize(model, tools))
+    # the pinned row holds the prefix without its last token (decoded alone, not a prompt row)
+    n_prefix = len(wb.tokenize(model, tools)) - 1
     assert n_prefix % CHUNK != 0
-    warm = wb.prefill_only(model, tools, prefix_checkpoint_len=n_prefix)
+    warm = wb.prefill_only(model, tools, prefix_checkpoint_len=n_prefix + 1)
     for q in QUESTIONS:
         task = tools + f"<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n"
         r = wb.complete(model, task, response_tokens=6, parent_key=warm.finish_key)

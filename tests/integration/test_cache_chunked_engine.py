@@ -70,7 +70,9 @@ def test_warm_is_token_exact_over_chunks(model, chunks, tiers):
     assert list(views.tiers(model).index) == list(tiers)
 
 
-def test_a_multi_turn_chat_stores_its_shared_prefix_once(model, chunks):
+@pytest.mark.load(deterministic=True)   # the default mode stores no reply (finish rows)
+def test_a_multi_turn_chat_stores_its_shared_prefix_once(fresh_model, chunks):
+    model = fresh_model
     chunks({"kind": "ram", "budget_bytes": 2**30})
     messages = [{"role": "system", "content": "You are a travel guide. " * 20},
                 {"role": "user", "content": "Name three rivers of Europe and one fact about each."}]
@@ -202,13 +204,15 @@ def test_parent_key_agent_prefix_and_churn_over_chunks(model, chunks):
     left = {r["key"] for r in wb.cache_rows()}     # rows inside the pinned chunks stay (a manifest each)
     assert warm.finish_key in left and parent not in left and len(left) < before
     assert all(c["protected"] for c in wb.cache_chunks())
-    # the pinned chunk that absorbed the prefix's tail holds the turns' "<|im_start|>user\n" too
-    assert wb.cached_prefix_len(model, tools + "<|im_start|>user\nhi", cache_scope="agents") >= n_prefix
+    # the pinned row: the prefix without its last token (decoded alone: not a prompt row)
+    assert wb.cached_prefix_len(model, tools + "<|im_start|>user\nhi", cache_scope="agents") == n_prefix - 1
 
 
-def test_a_re_sent_reply_resumes_inside_a_chunk(model, chunks):
+@pytest.mark.load(deterministic=True)   # the default mode stores no reply (finish rows)
+def test_a_re_sent_reply_resumes_inside_a_chunk(fresh_model, chunks):
     """A raw-text chat re-sends the reply as text: the next turn is a partial hit that
     prefills only the new text plus a few tokens, not back to the chunk boundary."""
+    model = fresh_model
     chunks({"kind": "ram", "budget_bytes": 2**30})
     turn1 = SYSTEM + "<|im_start|>user\nName a red fruit and say why it is red.<|im_end|>\n<|im_start|>assistant\n"
     r1 = wb.complete(model, turn1, response_tokens=40)

@@ -43,20 +43,16 @@ def test_cached_prefix_reports_tokens_bytes_tier_and_kind(model, chunks, tmp_pat
     before = probe_counters()
     got = wb.cached_prefix(model, PROMPT)
     n = len(wb.tokenize(model, PROMPT))
-    # rows: the prompt row, all but the last token (decoded alone); chunks: the reply's row's
-    # chunks hold all of the prompt (a chain no row names, ending inside its last chunk)
-    assert got.tokens == wb.cached_prefix_len(model, PROMPT) == (n - 1 if storage == "rows" else n)
+    # the prompt row, all but the last token (decoded alone); no finish row: the reply's KV
+    # came from one-row decodes (docs/architecture.md, "Warm equals cold")
+    assert got.tokens == wb.cached_prefix_len(model, PROMPT) == n - 1
     assert got.bytes == got.tokens * KV_VALUES_PER_TOKEN * F16_BYTES
     assert got.kind == "exact" and got.tier == tier
     rows = {row["key"]: row for row in wb.cache_rows()}
-    if storage == "rows":
-        assert got.key in rows and rows[got.key]["n_tokens"] == n - 1 and rows[got.key]["tier"] == tier
-    else:
-        assert got.key is None
+    assert got.key == r.finish_key and rows[got.key]["n_tokens"] == n - 1 and rows[got.key]["tier"] == tier
     more = list(r.context_tokens) + wb.tokenize(model, " And more.", add_special=False)
     longer = wb.cached_prefix(model, more)
-    assert longer.kind == "partial" and longer.key == r.finish_key
-    assert longer.tokens == rows[r.finish_key]["n_tokens"] > n
+    assert longer.kind == "partial" and longer.key == r.finish_key and longer.tokens == n - 1
     assert longer.bytes == longer.tokens * KV_VALUES_PER_TOKEN * F16_BYTES
     elsewhere = wb.cached_prefix(model, PROMPT, cache_scope="tenant-b")
     assert (elsewhere.tokens, elsewhere.kind) == (0, "cold")

@@ -201,11 +201,15 @@ def test_a_full_kv_saves_and_frees_the_least_recently_used_idle_session(fresh_mo
     seqs = {s["session_id"]: s["seq"] for s in wb.sessions(m)}
     assert seqs["a"] is None and seqs["b"] is not None and seqs["c"] is not None
     saved = [row for row in wb.cache_rows() if row["reason"] == "evict"]
-    assert [(row["n_tokens"], row["live"]) for row in saved] == [(a_tokens, True)]
+    # the row holds what a cold prefill computes alike: a's KV without its reply (one-row
+    # decodes) or its prompt's last token (docs/architecture.md, "Warm equals cold")
+    cold_part = first["a"].stats.prompt_tokens - 1
+    assert a_tokens > cold_part
+    assert [(row["n_tokens"], row["live"]) for row in saved] == [(cold_part, True)]
 
     back = wb.complete(m, a_turn2, session_id="a", response_tokens=n)
     assert back.stats.cache_hit_kind == "partial"
-    assert back.stats.prompt_tokens - back.stats.prefilled_tokens == a_tokens
+    assert back.stats.prompt_tokens - back.stats.prefilled_tokens == cold_part
     assert back.tokens == expected
     # b kept its KV: its next turn is sticky
     b_turn2 = next_turn(long_turn("the moon"), first["b"].reply, "Say it shorter.")

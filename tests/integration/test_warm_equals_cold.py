@@ -1,7 +1,8 @@
 """Warm equals cold, counted over many prompts (docs/architecture.md, "Warm equals cold").
 
-Default mode: exact hits on rows saved after partial restores ("continued" rows), and on
-rows another process saved to a shared disk tier, give the greedy reply of a cold run.
+Default mode: exact hits on rows saved after partial restores ("continued" rows), on rows
+another process saved to a shared disk tier, and on a chat's second turn, give the greedy
+reply of a cold run (no row holds KV that decodes computed).
 Before the kernel rule of engine/kernel_rows.py, 12 of 30 such exact hits differed
 (bench/warm_cold.py), so ten prompts passing by luck is unlikely.
 
@@ -19,7 +20,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from warm_cold import prompts   # bench/warm_cold.py (tests/conftest.py puts bench/ on the path)
+from warm_cold import prompts, second_turns   # bench/warm_cold.py (tests/conftest.py puts bench/ on the path)
 
 import workbench as wb
 
@@ -72,6 +73,27 @@ def test_exact_hits_on_another_processes_tier_give_the_cold_reply(model, model_p
     warm = [wb.complete(model, t, response_tokens=TOKENS) for t in texts]
     assert [r.stats.cache_hit_kind for r in warm] == ["exact"] * 5
     assert differing(warm, cold) == 0
+
+
+def test_a_second_turn_restores_no_decoded_kv_and_gives_the_cold_reply(model):
+    """Turn 1 stores its prompt row and no finish row: its reply's KV came from one-row
+    decodes, which a cold prefill of the same text computes as prompt rows on the tiled
+    kernel. So turn 2 restores exactly turn 1's prompt row (counted: cannot pass by luck),
+    prefills the reply, and its replies, partial and then exact on the row it saved, equal
+    a cold run's. Restoring finish rows, 2 of 40 of each differed (bench/warm_cold.py --turns)."""
+    texts = prompts(6, seed=5)
+    turn1 = [wb.complete(model, t, response_tokens=TOKENS) for t in texts]
+    assert wb.wait_for_saves(60)
+    turn2 = second_turns(texts, [r.reply for r in turn1], seed=6)
+    cold = solo_cold(model, turn2)
+    first = [wb.complete(model, t, response_tokens=TOKENS) for t in turn2]
+    assert wb.wait_for_saves(60)
+    again = [wb.complete(model, t, response_tokens=TOKENS) for t in turn2]
+    restored = [r.stats.prompt_tokens - r.stats.prefilled_tokens for r in first]
+    assert restored == [r.stats.prompt_tokens - 1 for r in turn1]
+    assert [r.stats.cache_hit_kind for r in first] == ["partial"] * 6
+    assert [r.stats.cache_hit_kind for r in again] == ["exact"] * 6
+    assert differing(first, cold) == 0 and differing(again, cold) == 0
 
 
 def concurrently(model: str, texts: list[str], **opts) -> list:

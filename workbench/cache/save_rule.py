@@ -20,7 +20,11 @@ restored row, a session's KV), its prefill saves (`prefill_saves`):
 
 Where two fall on one position the agent prefix wins, then the prompt row. When the request
 ends, a finish row holds everything it decoded, when that is more than the prompt
-(`finish_tokens`). Every condition on start is `position > start`: the lab plans each
+(`finish_tokens`). The engine adds one condition of its own (engine/cache_saves.py): a row
+holds only KV a cold prefill computes alike, so in the default mode (not deterministic) it
+stores no finish row, no row past a sticky session's first prompt, and an agent prefix
+that is the whole prompt without its last token; the lab replays that with `saves` leaving
+"finish" out. Every condition on start is `position > start`: the lab plans each
 request with start = 0 and drops, at replay, the saves at or before the prefix it found.
 """
 

@@ -81,6 +81,7 @@ class Admission:
         self._pool.trim(req.seq, reuse)
         req.kv_tokens = []
         req.n_past = req.reused = reuse
+        req.cold_upto = self._cold_upto(req, reuse)
         req.feed = req.prompt[reuse:]
         req.boundaries = self._saves.plan(req, use_cache)
         req.admitted_at = time.perf_counter()
@@ -88,6 +89,15 @@ class Admission:
         self._counters[req.hit_kind.counter] += 1
         self.last_hit = {"ref": req.ref, "kind": req.hit_kind.value, "reused_tokens": reuse, "prefix_len": reuse,
                          "prompt_tokens": len(req.prompt), "session_id": req.opts.session_id}
+
+    @staticmethod
+    def _cold_upto(req: Request, reuse: int) -> int:
+        """How much of the reused KV a cold prefill would have computed alike: a restored row
+        all of it (rows hold only such KV, cache_saves.py); a session's live KV up to where
+        its earlier turns' own decodes begin."""
+        if req.hit_kind in (HitKind.STICKY, HitKind.CONTINUATION) and req.session is not None:
+            return min(reuse, req.session.cold_upto)
+        return reuse
 
     def _reuse(self, req: Request, use_cache: bool) -> int:
         """Prompt tokens whose KV the sequence holds now (sets the hit kind); never past a

@@ -25,6 +25,7 @@ class Slice:
     take: int
     logits_row: int | None          # batch index whose logits are sampled, None = no sample
     rows: range | None = None       # verify rows: every one has logits (engine/speculation.py)
+    tiled: bool = False             # prompt rows on ggml's tiled kernel, as a cold prefill computes them
 
 
 @dataclass(slots=True)
@@ -105,7 +106,7 @@ class DecodeBatch:
         if split and req.out_from is None and not complete and _has_prompt_rows(req):
             self.prompt.add(req, take)
             self.prompt.logits.extend([0] * take)
-            self.last_prompt = Slice(req, take, None)
+            self.last_prompt = Slice(req, take, None, tiled=True)
             self.slices.append(self.last_prompt)
             return
         start = self.main.add(req, take)
@@ -135,6 +136,13 @@ class DecodeBatch:
             req = last.request
             assert req.seq is not None
             self.pad = rows.pad(len(self.prompt), req.seq, req.n_past + last.take, req.feed[last.take - 1])
+            if self.pad is None and rows.pad_rows(len(self.prompt)):
+                self.untile()   # the last ubatch runs on the row kernel
+
+    def untile(self) -> None:
+        """The prompt part does not run wholly on the tiled kernel (no pad: it did not fit)."""
+        for s in self.slices:
+            s.tiled = False
 
 
 SCORE_ROWS = 512   # most rows of one scoring request in a decode: each has logits (n_vocab floats)

@@ -1,5 +1,14 @@
 """Save points: where a request's prefill stops, and the prefix-cache rows saved there.
 
+A row holds only KV that a cold prefill of its tokens computes bit for bit, so that a hit
+never changes a reply (docs/architecture.md, "Warm equals cold"). On a deterministic model
+that is all of it. In the default mode it is the KV of prompt rows decoded on ggml's tiled
+kernel (engine/kernel_rows.py), and a request tracks how far that reaches
+(``Request.cold_upto``): the last prompt token and every generated token are decoded on the
+row kernel, so a finish row, a session's live KV past its first turn's prompt and an agent
+prefix that is the whole prompt are not stored past that point (``cache_saves_not_cold``
+counts the saves left out); a session's row is then the longest cold one it holds.
+
 State: none of its own beyond its dependencies (the load config's checkpoint settings,
 the engine's :class:`~.prefix_cache.EngineCache` or None, the sequence pool whose context
 holds the KV, the counters). A request carries its remaining points in ``boundaries``; the
@@ -43,31 +52,64 @@ class SavePoints:
             points[reusable(n)] = None
         if not use_cache or self._kvcache is None:
             return sorted(points.items())
-        base = SaveReason.COLD if req.hit_kind is HitKind.COLD else SaveReason.CONTINUED
-        agent = req.opts.prefix_checkpoint_len
-        for pos, kind in prefill_saves(n, start, self._settings, agent=agent, prompt_found=req.prompt_key is not None):
-            points[pos] = SaveReason.AGENT_PREFIX if kind == AGENT_PREFIX else base
+        agent = self.agent_end(req)
         if agent is not None and agent <= start:
             # already in the KV (restored or sticky): pin the row of exactly that prefix
             key = self._kvcache.key_for(req.prompt[:agent], req.opts.cache_scope)
             if key in self._kvcache.cache:
                 self._kvcache.cache.pin(key)
+        if self.cold_len(req, start) < start:
+            return sorted(points.items())   # it continues KV that decodes computed: no row of it is cold
+        base = SaveReason.COLD if req.hit_kind is HitKind.COLD else SaveReason.CONTINUED
+        for pos, kind in prefill_saves(n, start, self._settings, agent=agent, prompt_found=req.prompt_key is not None):
+            points[pos] = SaveReason.AGENT_PREFIX if kind == AGENT_PREFIX else base
         return sorted(points.items())
+
+    def cold_len(self, req: Request, n: int) -> int:
+        """Of the first ``n`` positions of the request's sequence, how many hold the KV a cold
+        prefill computes: all on a deterministic model, else up to ``req.cold_upto``."""
+        return n if self._cfg.deterministic else min(n, req.cold_upto)
+
+    def agent_end(self, req: Request) -> int | None:
+        """Where the agent prefix's pinned row ends: its length, except that in the default
+        mode a prefix that is the whole prompt stops before the last token (decoded alone,
+        on the row kernel, that token's KV is not what a longer prompt's prefill computes)."""
+        agent = req.opts.prefix_checkpoint_len
+        if agent is None or self._cfg.deterministic:
+            return agent
+        return min(agent, reusable(len(req.prompt)))
 
     def reached(self, req: Request) -> None:
         """After a prefill chunk: save the rows of the points it ended at."""
         while req.boundaries and req.boundaries[0][0] <= req.n_past:
             pos, reason = req.boundaries.pop(0)
-            if pos == req.n_past and reason is not None:
-                key = self.save(req, req.prompt[:pos], reason)
-                if pos >= reusable(len(req.prompt)):   # the prompt row (or an agent prefix of all of it)
-                    req.prompt_key = key
+            if pos != req.n_past or reason is None:
+                continue
+            if self.cold_len(req, pos) < pos:
+                self._counters["cache_saves_not_cold"] += 1
+                continue
+            key = self.save(req, req.prompt[:pos], reason)
+            if pos >= reusable(len(req.prompt)):   # the prompt row (or an agent prefix of all of it)
+                req.prompt_key = key
 
     def at_finish(self, req: Request, reason: str) -> str | None:
-        """The request's finish key: a row of everything it decoded, else its prompt's row."""
-        if (reason != "cancelled" and self._kvcache is not None and req.opts.cache and req.seq is not None
-                and finish_tokens(len(req.prompt), req.n_past)):
-            return self.save(req, (req.prompt + req.generated)[: req.n_past], SaveReason.FINISH)
+        """The request's finish key: a row of everything it decoded, else its prompt's row.
+        In the default mode the decoded part is not cold KV: no finish row, and a session's
+        live row is the longest cold row of its KV (its first turn's prompt)."""
+        if reason == "cancelled" or self._kvcache is None or not req.opts.cache or req.seq is None:
+            return req.prompt_key
+        n = self.cold_len(req, req.n_past)
+        if n == req.n_past:
+            if finish_tokens(len(req.prompt), n):
+                return self.save(req, (req.prompt + req.generated)[:n], SaveReason.FINISH)
+            return req.prompt_key
+        if finish_tokens(len(req.prompt), req.n_past):
+            self._counters["cache_saves_not_cold"] += 1
+        if req.session is not None and n > 0:
+            key = self._kvcache.key_for(req.prompt[:n], req.opts.cache_scope)
+            if self._kvcache.cache.set_live(key, True):
+                self.session_row(req.session, key)
+                return key
         return req.prompt_key
 
     def save(self, req: Request, tokens: list[int], reason: SaveReason) -> str | None:
@@ -93,10 +135,18 @@ class SavePoints:
         return (*req.opts.cache_boundaries, *(e for e in ends if e is not None))
 
     def save_session(self, sess: Session, reason: SaveReason) -> bool:
-        """Save an idle session's live KV as its row (synchronously); False when not saved."""
+        """Save an idle session's live KV as its row (synchronously), before its sequence is
+        released; False when not saved. In the default mode only its cold part (the sequence
+        is cut to it first: the session keeps its transcript, not these cells)."""
         if self._kvcache is None or not sess.tokens or sess.seq is None:
             return False
-        row = self._kvcache.save(self._pool, sess.seq, sess.tokens, sess.scope, reason, sync=True, live=True)
+        n = len(sess.tokens) if self._cfg.deterministic else min(len(sess.tokens), sess.cold_upto)
+        if n < len(sess.tokens):
+            self._counters["cache_saves_not_cold"] += 1
+            self._pool.trim(sess.seq, n)
+        if n == 0:
+            return False
+        row = self._kvcache.save(self._pool, sess.seq, sess.tokens[:n], sess.scope, reason, sync=True, live=True)
         if row is not None:
             self.session_row(sess, row.key)
         return row is not None

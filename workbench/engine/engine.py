@@ -70,7 +70,8 @@ from .timeouts import COUNTER_NAMES as TIMEOUT_COUNTERS, Timeouts
 COUNTER_NAMES = ("decode_calls", "decoded_tokens", "pad_rows", "pad_refused", "decode_aborted", "decode_timeouts",
                  "finished_stop", "finished_length", "finished_cancelled", *(kind.counter for kind in HitKind),
                  "sessions_reclaimed", "sessions_reset", "cache_restore_failed", "cache_seq_not_cleared",
-                 "cache_saves_dropped", "cache_evicted_sessions", "adapter_changes", "bad_batch_plans",
+                 "cache_saves_dropped", "cache_saves_not_cold", "cache_evicted_sessions", "adapter_changes",
+                 "bad_batch_plans",
                  *SPEC_COUNTERS, *TIMEOUT_COUNTERS, *SESSION_COUNTERS)
 
 

@@ -226,6 +226,7 @@ class Loop:
                 self._counters["pad_rows"] += pad.n
                 if rc == KV_FULL:   # no cells for the pad: the rows alone may fit (the row kernel then)
                     self._counters["pad_refused"] += 1
+                    batch.untile()
                     for sl in batch.slices:
                         assert sl.request.seq is not None
                         self._p.pool.trim(sl.request.seq, sl.request.n_past)

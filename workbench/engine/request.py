@@ -65,6 +65,7 @@ class Request:
     boundaries: list[tuple[int, Any]] = field(default_factory=list)  # (position, SaveReason) ahead
     shared_end: int | None = None    # restored from a pinned (agent) prefix of this many tokens
     stored_upto: int = 0             # tokens of the longest row this request stored anew
+    cold_upto: int = 0               # positions 0.. computed as a cold prefill computes them (cache_saves.py)
     prompt_key: str | None = None    # row of exactly the prompt, when cached
     finish_key: str | None = None
     sync_saves: bool = False         # prefill_only: rows are stored before the request ends

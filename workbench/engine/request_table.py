@@ -82,6 +82,7 @@ class RequestTable:
         sess.last_used = time.monotonic()
         if keep_kv and req.seq is not None:
             sess.tokens = (req.prompt + req.generated)[: req.n_past]
+            sess.cold_upto = min(req.cold_upto, req.n_past)
             req.seq = None  # stays pinned to the session
             return True
         if req.seq is None:

@@ -41,7 +41,7 @@ class BatchResults:
             if s.rows is not None:
                 continue                       # verify rows: engine/speculation.py
             req = s.request
-            self.advance(req, s.take)
+            self.advance(req, s.take, s.tiled)
             if s.logits_row is None:
                 continue
             if req.phase == "prefilling":
@@ -52,8 +52,12 @@ class BatchResults:
             else:
                 self.sample(req, s.logits_row)
 
-    def advance(self, req: Request, take: int) -> None:
-        """``take`` tokens of the feed are in the KV now; a prefill saves at its save points."""
+    def advance(self, req: Request, take: int, tiled: bool = False) -> None:
+        """``take`` tokens of the feed are in the KV now (``tiled``: as prompt rows on the
+        tiled kernel, extending the KV a cold prefill computes alike); a prefill saves at its
+        save points."""
+        if tiled and req.cold_upto == req.n_past:
+            req.cold_upto += take
         req.n_past += take
         del req.feed[:take]
         if req.phase == "prefilling":

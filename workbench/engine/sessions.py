@@ -26,6 +26,7 @@ class Session:
     busy_ref: int | None = None
     last_used: float = field(default_factory=time.monotonic)
     live_key: str | None = None      # its newest cache row, marked live while the session exists
+    cold_upto: int = 0               # leading tokens whose KV a cold prefill computes alike (cache_saves.py)
 
     def info(self) -> dict[str, object]:
         return {"session_id": self.session_id, "cache_scope": self.scope, "seq": self.seq, "tokens": len(self.tokens),

@@ -18,12 +18,13 @@ from typing import Any
 
 __all__ = ["DEFAULT_BYTES_PER_TOKEN", "belady", "chunkrank", "chunks", "chunksim", "default_sizes", "experiment",
            "load", "load_sweep", "load_test", "LoadResult", "measure", "native", "plan",
-           "plot_miss_ratio_curves", "record", "recording", "replay", "simcache", "sweep", "SweepResult", "traces"]
+           "plot_miss_ratio_curves", "record", "recording", "replay", "SAVE_KINDS", "simcache", "sweep", "SweepResult",
+           "traces"]
 
 _MODULES = {"belady", "chunkrank", "chunks", "chunksim", "experiment", "load", "native", "plan", "recording",
             "simcache", "sweep", "traces"}
 _NAMES = {"replay", "measure", "plot_miss_ratio_curves", "default_sizes", "DEFAULT_POLICIES",
-          "DEFAULT_BYTES_PER_TOKEN"}
+          "DEFAULT_BYTES_PER_TOKEN", "SAVE_KINDS"}
 
 
 def __getattr__(name: str) -> Any:
