@@ -56,7 +56,9 @@ def in_a_session(model: str, first: str, second: str, n1: int, n2: int):
     return r
 
 
-def test_a_raw_text_chat_that_re_sends_the_reply_hits_partial(model, storage):
+@pytest.mark.load(deterministic=True)   # the default mode stores no finish row (docs/architecture.md)
+def test_a_raw_text_chat_that_re_sends_the_reply_hits_partial(fresh_model, storage):
+    model = fresh_model
     turn1 = SYSTEM + "<|im_start|>user\nName a red fruit and say why it is red.<|im_end|>\n<|im_start|>assistant\n"
     r1 = wb.complete(model, turn1, response_tokens=48)
     assert wb.wait_for_saves()

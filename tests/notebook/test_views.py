@@ -199,8 +199,10 @@ def test_a_model_without_the_cache_says_so(model_path) -> None:
 def test_the_views_find_the_engine_cache(model: str) -> None:
     cache = views.model_cache(model)
     assert isinstance(cache, ChunkedCache) and views.resolve_cache(model) is cache  # the default storage
-    wb.complete(model, "The quick brown fox jumps over the lazy dog, again and again and again.",
+    # a prompt of 16+ tokens before its last: its row is saved (cache_min_tokens)
+    wb.complete(model, "The quick brown fox jumps over the lazy dog, again and again and again and again.",
                 response_tokens=4)
+    assert wb.wait_for_saves()
     rows = views.cache_rows(model)
     assert len(rows) >= 1 and rows["bytes"].gt(0).all()
     assert views.tiers(model).index.name == "name"
