@@ -226,14 +226,17 @@ def test_a_re_sent_reply_resumes_inside_a_chunk(fresh_model, chunks):
 
 
 def session_evicted_and_resumed(m: str) -> tuple[int, ...]:
-    """A session's turn, ``evict``, the next turn: its reply (the row the turn restores must be live)."""
+    """A session's turn, ``evict``, the next turn: its reply (the row the turn restores, the
+    session's own row in the default mode, must be live)."""
     r1 = wb.complete(m, PROMPT, session_id="s", response_tokens=12)
     assert wb.wait_for_saves()
-    assert {r["key"] for r in wb.cache_rows() if r["live"]} == {r1.finish_key}
+    (held,) = [s["tokens"] for s in wb.sessions(m)]
+    assert [r["n_tokens"] for r in wb.cache_rows() if r["live"]] == [held]
     assert wb.evict(m) == 1 and wb.model_info(m)["available_seqs"] == 2
-    turn2 = PROMPT + r1.reply + "<|im_end|>\n<|im_start|>user\nIn Fahrenheit?<|im_end|>\n<|im_start|>assistant\n"
+    turn2 = list(r1.context_tokens) + wb.tokenize(
+        m, "<|im_end|>\n<|im_start|>user\nIn Fahrenheit?<|im_end|>\n<|im_start|>assistant\n", add_special=False)
     r2 = wb.complete(m, turn2, session_id="s", response_tokens=12)
-    assert r2.stats.cache_hit_kind == "partial"
+    assert r2.stats.cache_hit_kind == "sticky" and r2.stats.prompt_tokens - r2.stats.prefilled_tokens == held
     wb.end_session(m, "s")
     assert not any(r["live"] for r in wb.cache_rows())
     return r2.tokens
@@ -241,8 +244,8 @@ def session_evicted_and_resumed(m: str) -> tuple[int, ...]:
 
 @pytest.mark.load(n_seq_max=2)
 def test_evicted_sessions_come_back_warm_from_chunks(fresh_model, chunks):
-    """The resumed turn's reply equals the one whole rows give (the partial restore computes
-    the new tokens in other batches than a cold run: not compared with one)."""
+    """The resumed turn's reply equals the one whole rows give (a session's own row holds KV
+    that decodes computed: not compared with a cold run)."""
     wb.configure_cache([{"kind": "ram"}])
     by_rows = session_evicted_and_resumed(fresh_model)
     chunks({"kind": "ram", "budget_bytes": 2**30})

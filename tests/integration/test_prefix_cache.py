@@ -191,35 +191,39 @@ def test_evict_saves_sessions_and_they_come_back_warm(fresh_model):
 
 
 @pytest.mark.load(n_seq_max=2)
-def test_a_sessions_row_in_the_default_mode_is_its_first_prompts(fresh_model):
+def test_a_session_keeps_its_kv_in_an_own_row_no_other_request_finds(fresh_model):
     """In the default mode a session's KV past its first prompt came from decodes (its
-    replies, and the turns prefilled over them): no row holds it. Its live row stays the first
-    prompt's row, and a turn after its sequence was given back restores that row and replies
-    as a cold run does (docs/architecture.md, "Warm equals cold")."""
-    m, scope = fresh_model, "session-first-prompt"
-    assert wb.wait_for_saves()
-    old = {r["key"] for r in wb.cache_rows()}
-    new = lambda: {r["key"]: r for r in wb.cache_rows() if r["key"] not in old}  # noqa: E731
+    replies, and the turns prefilled over them): no shared row holds it, but each turn saves
+    it as the session's own row, which only that session restores. After ``evict`` its next
+    turn continues its KV (sticky, nothing prefilled but the new message); another request
+    with the same text finds only the shared rows (docs/architecture.md, "Warm equals cold")."""
+    m, scope = fresh_model, "session-own-row"
     before = wb.counters()["cache_saves_not_cold"]
     r1 = wb.complete(m, PROMPT, session_id="s", response_tokens=12, cache_scope=scope)
-    assert wb.wait_for_saves()
-    rows = new()
-    assert set(rows) == {r1.finish_key} and rows[r1.finish_key]["live"]
-    assert rows[r1.finish_key]["n_tokens"] == r1.stats.prompt_tokens - 1
     turn2 = PROMPT + r1.reply + "<|im_end|>\n<|im_start|>user\nIn Fahrenheit?<|im_end|>\n<|im_start|>assistant\n"
     r2 = wb.complete(m, turn2, session_id="s", response_tokens=12, cache_scope=scope)
-    assert r2.stats.cache_hit_kind == "sticky" and r2.stats.cache_delta["created"] == 0
+    assert r2.stats.cache_hit_kind == "sticky" and r2.finish_key is None   # no shared row holds this turn
     assert wb.wait_for_saves()
-    assert r2.finish_key == r1.finish_key and set(new()) == {r1.finish_key}
-    assert wb.counters()["cache_saves_not_cold"] - before == 2      # two finish rows left out
-    assert wb.evict(m) == 1
-    turn3 = turn2 + r2.reply + "<|im_end|>\n<|im_start|>user\nAnd in Kelvin?<|im_end|>\n<|im_start|>assistant\n"
+    rows = {r["n_tokens"]: r for r in wb.cache_rows()}
+    (held,) = [s["tokens"] for s in wb.sessions(m, cache_scope=scope)]   # the session's KV
+    # the first prompt's shared row, and the session's newest own row, live (the first gone)
+    assert sorted(rows) == [r1.stats.prompt_tokens - 1, held] and rows[held]["live"]
+    assert not rows[r1.stats.prompt_tokens - 1]["live"]
+    assert wb.counters()["cache_saves_not_cold"] - before == 2      # two finish rows not shared
+    # another request with the session's very text: only the first prompt's shared row serves
+    turn3 = list(r2.context_tokens) + wb.tokenize(
+        m, "<|im_end|>\n<|im_start|>user\nAnd in Kelvin?<|im_end|>\n<|im_start|>assistant\n", add_special=False)
+    other = wb.complete(m, turn3, response_tokens=12, cache_scope=scope)
+    assert other.stats.cache_hit_kind == "partial"
+    assert other.stats.prompt_tokens - other.stats.prefilled_tokens == r1.stats.prompt_tokens - 1
+    assert other.tokens == wb.complete(m, turn3, response_tokens=12, cache=False).tokens
+    assert wb.evict(m) == 1 and wb.model_info(m)["available_seqs"] == 2
     r3 = wb.complete(m, turn3, session_id="s", response_tokens=12, cache_scope=scope)
-    assert r3.stats.cache_hit_kind == "partial"
-    assert r3.stats.prompt_tokens - r3.stats.prefilled_tokens == r1.stats.prompt_tokens - 1
-    assert r3.tokens == wb.complete(m, turn3, response_tokens=12, cache=False).tokens
+    assert r3.stats.cache_hit_kind == "sticky"
+    assert r3.stats.prompt_tokens - r3.stats.prefilled_tokens == held
     wb.end_session(m, "s", cache_scope=scope)
-    assert not any(r["live"] for r in new().values())
+    assert wb.wait_for_saves() and not any(r["live"] for r in wb.cache_rows())
+    assert held not in {r["n_tokens"] for r in wb.cache_rows()}       # its own rows went with it
 
 
 @pytest.mark.load(n_seq_max=2, deterministic=True)   # the default mode keeps no row past the first prompt

@@ -14,7 +14,7 @@ import workbench as wb
 from .test_cache_chunked_engine import chunks  # noqa: F401 - the fixture
 from .test_prefix_cache import PROMPT, SYSTEM
 from .test_prefix_cache import (  # noqa: F401 - collected here, over chunk storage
-    test_a_sessions_row_in_the_default_mode_is_its_first_prompts,
+    test_a_session_keeps_its_kv_in_an_own_row_no_other_request_finds,
     test_evict_saves_sessions_and_they_come_back_warm,
 )
 from .test_sessions import (  # noqa: F401 - collected here, over chunk storage
@@ -44,8 +44,8 @@ def ram_cache(chunk_storage):
 def test_a_sessions_live_row_outlives_evicting_every_other_chunk(fresh_model):
     """Only the session's newest row is live; its chunks (shared with its older rows) are
     protected, so evicting every unprotected chunk leaves it and takes another prompt's.
-    Deterministic: in the default mode a session's row stays its first prompt's
-    (test_prefix_cache.test_a_sessions_row_in_the_default_mode_is_its_first_prompts)."""
+    Deterministic: there a session's live row is its ordinary finish row; the default mode's
+    own rows: test_prefix_cache.test_a_session_keeps_its_kv_in_an_own_row_no_other_request_finds."""
     m = fresh_model
     r1 = wb.complete(m, PROMPT, session_id="s", response_tokens=12)
     assert wb.wait_for_saves()

@@ -60,7 +60,8 @@ class HitKind(str, enum.Enum):
     PARTIAL = "partial"            # a longest-prefix walk found a row shorter than the prompt
     EXACT = "exact"                # the row asked for by key (parent_key), or one covering the
                                    # prompt, all but at most its last token
-    STICKY = "sticky"              # a session's live KV (the longest common prefix with the prompt)
+    STICKY = "sticky"              # a session's live KV (the longest common prefix with the prompt),
+                                   # or its own row restored after it lost its sequence
     CONTINUATION = "continuation"  # continue_session: the new tokens follow the session's KV
 
     @classmethod

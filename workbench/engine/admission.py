@@ -1,9 +1,10 @@
 """Admission: queued requests onto sequences (FIFO), then each one's starting point.
 
 A request starts from the longest KV it can reuse: its session's live KV (sticky, or a
-``continue_session`` continuation), else the longest cached prefix (or ``parent_key``'s
-row), else nothing (cold). At least its last prompt token is always decoded again, to get
-logits to sample from. Its save points are set here (cache_saves.SavePoints.plan).
+``continue_session`` continuation; restored from the session's own row when it lost its
+sequence), else the longest cached prefix (or ``parent_key``'s row), else nothing (cold).
+At least its last prompt token is always decoded again, to get logits to sample from. Its
+save points are set here (cache_saves.SavePoints.plan).
 
 State: ``last_hit``, the newest admission's hit (read by any thread); the rest it is given.
 """
@@ -99,6 +100,26 @@ class Admission:
             return min(reuse, req.session.cold_upto)
         return reuse
 
+    def _own_row(self, req: Request, limit: int) -> int:
+        """A session that lost its sequence gets its KV back from its own row (cache_saves.py),
+        when that row holds a prefix of the prompt: the KV its sticky turn would have
+        continued. 0 when there is none (the request then looks the prompt up as any other)."""
+        sess = req.session
+        assert self._kvcache is not None and req.seq is not None
+        if sess is None or not sess.own_row or sess.live_key is None or len(sess.tokens) > limit + 1:
+            return 0
+        if req.prompt[: len(sess.tokens)] != sess.tokens:
+            return 0
+        # a save still queued is waited for (briefly) by the restore, as a parent_key's is
+        restored = self._kvcache.restore(self._pool, req.seq, req.prompt[: limit + 1], req.opts.cache_scope,
+                                         sess.live_key, own=sess.own_id)
+        if restored is None:
+            return 0
+        if restored.key != sess.live_key:   # the row went meanwhile: not this session's KV
+            self._pool.trim(req.seq, 0)
+            return 0
+        return min(restored.n_tokens, limit)
+
     def _reuse(self, req: Request, use_cache: bool) -> int:
         """Prompt tokens whose KV the sequence holds now (sets the hit kind); never past a
         request's first row with logits (``out_from``: scoring, verify), which is decoded."""
@@ -109,6 +130,10 @@ class Admission:
             return reuse
         if not use_cache or limit <= 0:
             return 0
+        reuse = self._own_row(req, limit)
+        if reuse > 0:
+            req.hit_kind = HitKind.CONTINUATION if req.continues else HitKind.STICKY
+            return reuse
         assert self._kvcache is not None and req.seq is not None
         # looked up as a prompt that ends right after the limit, so the hit kind (and what is
         # read) is relative to the tokens that may be reused

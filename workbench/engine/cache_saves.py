@@ -7,7 +7,15 @@ kernel (engine/kernel_rows.py), and a request tracks how far that reaches
 (``Request.cold_upto``): the last prompt token and every generated token are decoded on the
 row kernel, so a finish row, a session's live KV past its first turn's prompt and an agent
 prefix that is the whole prompt are not stored past that point (``cache_saves_not_cold``
-counts the saves left out); a session's row is then the longest cold one it holds.
+counts the saves left out).
+
+A session's own KV is kept anyway, for the session alone: in the default mode each turn's
+end and ``evict`` save all of it as the session's **own row**, in a namespace of its own
+(``EngineCache.namespace(scope, own=Session.own_id)``) that no other request's lookup reaches. When
+the session has lost its sequence (reclaimed, evicted), its next turn restores that row by
+key and continues as a sticky turn would have (admission.py: reported ``sticky``). Only the
+newest own row of a session is kept: the one before is removed, and so is the last one
+when the session ends.
 
 State: none of its own beyond its dependencies (the load config's checkpoint settings,
 the engine's :class:`~.prefix_cache.EngineCache` or None, the sequence pool whose context
@@ -105,25 +113,23 @@ class SavePoints:
             return req.prompt_key
         if finish_tokens(len(req.prompt), req.n_past):
             self._counters["cache_saves_not_cold"] += 1
-        if req.session is not None and n > 0:
-            key = self._kvcache.key_for(req.prompt[:n], req.opts.cache_scope)
-            if self._kvcache.cache.set_live(key, True):
-                self.session_row(req.session, key)
-                return key
+        if req.session is not None:
+            self.save(req, (req.prompt + req.generated)[: req.n_past], SaveReason.FINISH, own=req.session.own_id)
         return req.prompt_key
 
-    def save(self, req: Request, tokens: list[int], reason: SaveReason) -> str | None:
+    def save(self, req: Request, tokens: list[int], reason: SaveReason, own: str | None = None) -> str | None:
+        """``own``: the session's own row, its ``own_id`` (see the module doc)."""
         assert self._kvcache is not None and req.seq is not None
         live = req.session is not None and reason is SaveReason.FINISH
         saved = self._kvcache.save(self._pool, req.seq, tokens, req.opts.cache_scope, reason,
-                                   sync=req.sync_saves, live=live, marks=self.marks(req))
+                                   sync=req.sync_saves, live=live, marks=self.marks(req), own=own)
         if saved is None:
             self._counters["cache_saves_dropped"] += 1
             return None
         if saved.new:
             req.stored_upto = max(req.stored_upto, len(tokens))
         if live:
-            self.session_row(req.session, saved.key)
+            self.session_row(req.session, saved.key, own is not None)
         return saved.key
 
     @staticmethod
@@ -136,25 +142,23 @@ class SavePoints:
 
     def save_session(self, sess: Session, reason: SaveReason) -> bool:
         """Save an idle session's live KV as its row (synchronously), before its sequence is
-        released; False when not saved. In the default mode only its cold part (the sequence
-        is cut to it first: the session keeps its transcript, not these cells)."""
+        released; False when not saved. In the default mode, as its own row when it holds
+        KV that decodes computed (see the module doc)."""
         if self._kvcache is None or not sess.tokens or sess.seq is None:
             return False
-        n = len(sess.tokens) if self._cfg.deterministic else min(len(sess.tokens), sess.cold_upto)
-        if n < len(sess.tokens):
-            self._counters["cache_saves_not_cold"] += 1
-            self._pool.trim(sess.seq, n)
-        if n == 0:
-            return False
-        row = self._kvcache.save(self._pool, sess.seq, sess.tokens[:n], sess.scope, reason, sync=True, live=True)
+        own = sess.own_id if not self._cfg.deterministic and sess.cold_upto < len(sess.tokens) else None
+        row = self._kvcache.save(self._pool, sess.seq, sess.tokens, sess.scope, reason, sync=True, live=True, own=own)
         if row is not None:
-            self.session_row(sess, row.key)
+            self.session_row(sess, row.key, own is not None)
         return row is not None
 
-    def session_row(self, sess: Session, key: str | None) -> None:
+    def session_row(self, sess: Session, key: str | None, own: bool = False) -> None:
         """The session's newest row is the live one (what its next turn restores from if its
-        sequence is reclaimed); the previous one becomes an ordinary row. key=None: the
-        session is gone."""
-        if self._kvcache is not None and sess.live_key is not None and sess.live_key != key:
-            self._kvcache.set_live(sess.live_key, False)
-        sess.live_key = key
+        sequence is reclaimed); the previous one becomes an ordinary row, or goes when it was
+        the session's own (nobody else can restore it). key=None: the session is gone."""
+        old = sess.live_key
+        if self._kvcache is not None and old is not None and old != key:
+            self._kvcache.set_live(old, False)   # a save still queued lands not live
+            if sess.own_row:
+                self._kvcache.remove(old)
+        sess.live_key, sess.own_row = key, own and key is not None

@@ -89,7 +89,12 @@ class EngineCache:
     def cache(self) -> PrefixCache:
         return shared_cache()
 
-    def namespace(self, scope: str) -> CacheNamespace:
+    def namespace(self, scope: str, own: str | None = None) -> CacheNamespace:
+        """The rows of ``scope``; ``own``: a session's own rows (its ``Session.own_id``), KV
+        that only that session restores (cache_saves.py), never found by another request."""
+        if own is not None:   # one per session: not kept here
+            return CacheNamespace(self.fingerprint, adapters=self.adapters, quantisation=self.quantisation,
+                                  kv_params=(*self.kv_params, ("session_own", own)), scope=scope)
         ns = self._namespaces.get(scope)
         if ns is None:
             ns = self._namespaces[scope] = CacheNamespace(
@@ -97,11 +102,12 @@ class EngineCache:
                 kv_params=self.kv_params, scope=scope)
         return ns
 
-    def restore(self, pool: Any, seq: int, prompt: list[int], scope: str, parent_key: str | None) -> Restored | None:
+    def restore(self, pool: Any, seq: int, prompt: list[int], scope: str, parent_key: str | None,
+                own: str | None = None) -> Restored | None:
         """Load the longest cached prefix of ``prompt`` into ``seq`` (of the SeqPool
         ``pool``); None when nothing usable (a prefix llama.cpp refuses leaves the cache and
-        the request runs cold)."""
-        return self.cache.restore(self.namespace(scope), prompt, parent_key, SeqKv(pool, seq, self.counters),
+        the request runs cold). ``own``: from that session's own rows."""
+        return self.cache.restore(self.namespace(scope, own), prompt, parent_key, SeqKv(pool, seq, self.counters),
                                   self.max_state_bytes)
 
     def max_state_bytes(self, n_tokens: int) -> int | None:
@@ -111,17 +117,21 @@ class EngineCache:
             return None
         return STATE_FIXED_BYTES + n_tokens * (STATE_CELL_BYTES + 2 * 2 * 4 * self.kv_width)
 
-    def key_for(self, tokens: Sequence[int], scope: str) -> str:
-        return row_key(self.namespace(scope).digest(), tokens)
+    def key_for(self, tokens: Sequence[int], scope: str, own: str | None = None) -> str:
+        return row_key(self.namespace(scope, own).digest(), tokens)
 
     def save(self, pool: Any, seq: int, tokens: list[int], scope: str, reason: SaveReason, *,
-             sync: bool = False, live: bool = False, marks: Sequence[int] = ()) -> Saved | None:
+             sync: bool = False, live: bool = False, marks: Sequence[int] = (), own: str | None = None) -> Saved | None:
         """Save the KV of ``seq`` (which holds exactly ``tokens``); None when the save was
         dropped or failed. A row already cached is not copied again (``Saved.new`` False).
         ``live``: the row is a live session's KV (evicted only when nothing else frees enough).
-        ``marks``: where shared prefixes end in ``tokens`` (chunk storage ends a chunk there)."""
-        return self.cache.save(self.namespace(scope), tokens, SeqKv(pool, seq, self.counters), reason,
+        ``marks``: where shared prefixes end in ``tokens`` (chunk storage ends a chunk there).
+        ``own``: among that session's own rows (see ``namespace``)."""
+        return self.cache.save(self.namespace(scope, own), tokens, SeqKv(pool, seq, self.counters), reason,
                                sync=sync, live=live, marks=marks)
+
+    def remove(self, key: str) -> None:
+        self.cache.remove(key)
 
     def set_live(self, key: str | None, live: bool) -> None:
         if key is not None:

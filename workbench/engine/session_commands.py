@@ -89,7 +89,7 @@ class SessionCommands:
         return saved
 
     def forget_all(self) -> None:
-        """The engine stops: its sessions' rows become ordinary rows."""
+        """The engine stops: its sessions' rows become ordinary rows (their own rows go)."""
         for sess in self._sessions:
             self._saves.session_row(sess, None)
 

@@ -13,6 +13,7 @@ session of that scope's own).
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 
@@ -26,6 +27,8 @@ class Session:
     busy_ref: int | None = None
     last_used: float = field(default_factory=time.monotonic)
     live_key: str | None = None      # its newest cache row, marked live while the session exists
+    own_row: bool = False            # live_key is one of its own rows (cache_saves.py)
+    own_id: str = field(default_factory=lambda: uuid.uuid4().hex)   # names its own rows' namespace
     cold_upto: int = 0               # leading tokens whose KV a cold prefill computes alike (cache_saves.py)
 
     def info(self) -> dict[str, object]:
