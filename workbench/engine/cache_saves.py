@@ -102,8 +102,8 @@ class SavePoints:
 
     def at_finish(self, req: Request, reason: str) -> str | None:
         """The request's finish key: a row of everything it decoded, else its prompt's row.
-        In the default mode the decoded part is not cold KV: no finish row, and a session's
-        live row is the longest cold row of its KV (its first turn's prompt)."""
+        In the default mode the decoded part is not cold KV: no finish row (the prompt's row
+        is the key, None after a sticky turn); a session's whole KV goes to its own row."""
         if reason == "cancelled" or self._kvcache is None or not req.opts.cache or req.seq is None:
             return req.prompt_key
         n = self.cold_len(req, req.n_past)
