@@ -125,15 +125,13 @@ class Admission:
         request's first row with logits (``out_from``: scoring, verify), which is decoded."""
         limit = reusable(len(req.prompt)) if req.out_from is None else min(reusable(len(req.prompt)), req.out_from)
         reuse = min(common_prefix(req.kv_tokens, req.prompt), limit)
+        if reuse == 0 and use_cache and limit > 0:
+            reuse = self._own_row(req, limit)   # the session's KV, back from its own row
         if reuse > 0:
             req.hit_kind = HitKind.CONTINUATION if req.continues else HitKind.STICKY
             return reuse
         if not use_cache or limit <= 0:
             return 0
-        reuse = self._own_row(req, limit)
-        if reuse > 0:
-            req.hit_kind = HitKind.CONTINUATION if req.continues else HitKind.STICKY
-            return reuse
         assert self._kvcache is not None and req.seq is not None
         # looked up as a prompt that ends right after the limit, so the hit kind (and what is
         # read) is relative to the tokens that may be reused

@@ -117,8 +117,8 @@ class EngineCache:
             return None
         return STATE_FIXED_BYTES + n_tokens * (STATE_CELL_BYTES + 2 * 2 * 4 * self.kv_width)
 
-    def key_for(self, tokens: Sequence[int], scope: str, own: str | None = None) -> str:
-        return row_key(self.namespace(scope, own).digest(), tokens)
+    def key_for(self, tokens: Sequence[int], scope: str) -> str:
+        return row_key(self.namespace(scope).digest(), tokens)
 
     def save(self, pool: Any, seq: int, tokens: list[int], scope: str, reason: SaveReason, *,
              sync: bool = False, live: bool = False, marks: Sequence[int] = (), own: str | None = None) -> Saved | None:
