@@ -75,12 +75,14 @@ def ttft_under_prefill(model: Path, threads: int, chunk: int | None, long_tokens
     rng = random.Random(9)
     n_vocab = wb.model_info(mid)["n_vocab"]
     try:
-        wb.complete(mid, [rng.randrange(n_vocab) for _ in range(16)], response_tokens=2)  # warm-up
-        long = wb.stream(mid, [rng.randrange(n_vocab) for _ in range(long_tokens)], response_tokens=2)
+        # cache off: each setting runs the same prompts (seed 9), and a hit on an earlier
+        # setting's rows would time a restore, not the prefill beside a chunked one
+        wb.complete(mid, [rng.randrange(n_vocab) for _ in range(16)], response_tokens=2, cache=False)  # warm-up
+        long = wb.stream(mid, [rng.randrange(n_vocab) for _ in range(long_tokens)], response_tokens=2, cache=False)
         while wb.phase(mid) != "prefilling":
             time.sleep(0.001)
         time.sleep(0.05)
-        short = wb.complete(mid, [rng.randrange(n_vocab) for _ in range(16)], response_tokens=2)
+        short = wb.complete(mid, [rng.randrange(n_vocab) for _ in range(16)], response_tokens=2, cache=False)
         long.result()
         return short.stats.ttft_s
     finally:
