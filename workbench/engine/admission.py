@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import collections
 import threading
-import time
 from typing import Any
 
 from .. import _native
@@ -62,8 +61,7 @@ class Admission:
                 if seq is None:
                     break
                 pending.popleft()
-                req.seq = seq
-                req.kv_tokens = list(sess.tokens) if had_kv else []
+                req.place(seq, list(sess.tokens) if had_kv else [])
                 if sess is not None:
                     sess.seq = seq
                 self._table.active.append(req)
@@ -72,7 +70,7 @@ class Admission:
 
     def _start(self, req: Request) -> None:
         try:
-            req.sampler = _native.Sampler(self._model, sampler_params(req))
+            req.start_sampler(_native.Sampler(self._model, sampler_params(req)))
         except ValueError as e:
             self._table.fail(req, sampler_refused(req.opts, e))
             return
@@ -80,13 +78,8 @@ class Admission:
         reuse = self._reuse(req, use_cache)
         assert req.seq is not None
         self._pool.trim(req.seq, reuse)
-        req.kv_tokens = []
-        req.n_past = req.reused = reuse
-        req.cold_upto = self._cold_upto(req, reuse)
-        req.feed = req.prompt[reuse:]
-        req.boundaries = self._saves.plan(req, use_cache)
-        req.admitted_at = time.perf_counter()
-        req.phase = "prefilling"
+        req.start_prefill(reuse, self._cold_upto(req, reuse))
+        req.plan_saves(self._saves.plan(req, use_cache))   # reads the reuse start_prefill set
         self._counters[req.hit_kind.counter] += 1
         self.last_hit = {"ref": req.ref, "kind": req.hit_kind.value, "reused_tokens": reuse, "prefix_len": reuse,
                          "prompt_tokens": len(req.prompt), "session_id": req.opts.session_id}
@@ -128,7 +121,7 @@ class Admission:
         if reuse == 0 and use_cache and limit > 0:
             reuse = self._own_row(req, limit)   # the session's KV, back from its own row
         if reuse > 0:
-            req.hit_kind = HitKind.CONTINUATION if req.continues else HitKind.STICKY
+            req.reused_from(HitKind.CONTINUATION if req.continues else HitKind.STICKY)
             return reuse
         if not use_cache or limit <= 0:
             return 0
@@ -139,8 +132,6 @@ class Admission:
                                          req.opts.parent_key)
         if restored is None:
             return 0
-        req.hit_kind = restored.kind
-        req.shared_end = restored.shared_end
-        if restored.n_tokens == reusable(len(req.prompt)):
-            req.prompt_key = restored.key
+        whole = restored.n_tokens == reusable(len(req.prompt))   # the prompt's own row
+        req.reused_from(restored.kind, restored.shared_end, restored.key if whole else None)
         return min(restored.n_tokens, limit)

@@ -90,15 +90,15 @@ class SavePoints:
     def reached(self, req: Request) -> None:
         """After a prefill chunk: save the rows of the points it ended at."""
         while req.boundaries and req.boundaries[0][0] <= req.n_past:
-            pos, reason = req.boundaries.pop(0)
+            pos, reason = req.pop_boundary()
             if pos != req.n_past or reason is None:
                 continue
             if self.cold_len(req, pos) < pos:
                 self._counters["cache_saves_not_cold"] += 1
                 continue
             key = self.save(req, req.prompt[:pos], reason)
-            if pos >= reusable(len(req.prompt)):   # the prompt row (or an agent prefix of all of it)
-                req.prompt_key = key
+            if key is not None and pos >= reusable(len(req.prompt)):   # the prompt row (or an agent prefix of all)
+                req.prompt_row(key)
 
     def at_finish(self, req: Request, reason: str) -> str | None:
         """The request's finish key: a row of everything it decoded, else its prompt's row.
@@ -127,7 +127,7 @@ class SavePoints:
             self._counters["cache_saves_dropped"] += 1
             return None
         if saved.new:
-            req.stored_upto = max(req.stored_upto, len(tokens))
+            req.stored(len(tokens))
         if live:
             self.session_row(req.session, saved.key, own is not None)
         return saved.key

@@ -81,6 +81,14 @@ class Closable(Protocol):
 
 C = TypeVar("C", bound=Closable)
 
+
+def out_rows(verify_from: int | None, score: ScoreState | None) -> dict[str, Any]:
+    """The rows with logits of a verify() request (its argmax from ``verify_from`` on) or a
+    scoring request (``score``, every row from its start on); none for any other."""
+    if score is not None:
+        return {"score": score, "out_from": score.start}
+    return {"verify_from": verify_from, "out_from": verify_from}
+
 class Engine:
     """A loaded model and its loop thread. Create with :meth:`load`."""
 
@@ -203,13 +211,14 @@ class Engine:
                 assert sess is not None
                 prompt = sess.tokens + list(prompt)
             self._check_room(prompt, opts, needs_seq=sess is None or sess.seq is None)
-            req = Request(ref=next_ref(), model_id=self.model_id, prompt=list(prompt), opts=opts, seed=seed)
-            self._prepare(req, grammar, continue_session, sync_saves, verify_from, draft)
-            if score is not None:
-                req.score, req.out_from = score, score.start
-            if opts.session_id is not None:
-                req.session = self.sessions.get_or_create(opts.session_id, opts.cache_scope)
-                req.session.busy_ref = req.ref
+            derived = self._derived(list(prompt), opts)
+            session = None if opts.session_id is None else self.sessions.get_or_create(opts.session_id,
+                                                                                      opts.cache_scope)
+            req = Request(ref=next_ref(), model_id=self.model_id, prompt=list(prompt), opts=opts, seed=seed,
+                          session=session, history=self.history, grammar=grammar, continues=continue_session,
+                          sync_saves=sync_saves, draft_engine=draft, **derived, **out_rows(verify_from, score))
+            if session is not None:
+                session.busy_ref = req.ref
             self.table.add(req)
             self._cv.notify()
         return req
@@ -230,18 +239,12 @@ class Engine:
                                          common_prefix(sess.tokens, list(expect_committed)))
         return sess
 
-    def _prepare(self, req: Request, grammar: Any, continue_session: bool, sync_saves: bool,
-                 verify_from: int | None, draft: Engine | None) -> None:
-        """What the loop needs of a new request beyond its prompt and options."""
-        req.grammar = grammar
-        req.continues = continue_session
-        req.reasoning_budget = reasoning_budget(self.model, req.opts, req.prompt)
-        req.special = special_ids(self.model, req.opts.render_special)
-        req.logit_bias = logit_bias_ids(self.model, req.opts)
-        req.sync_saves = sync_saves
-        req.verify_from = req.out_from = verify_from
-        req.draft_engine = draft
-        req.history = self.history
+    def _derived(self, prompt: list[int], opts: RequestOptions) -> dict[str, Any]:
+        """The options in the model's tokens: the reasoning budget, render_special's ids,
+        logit_bias by token id."""
+        return {"reasoning_budget": reasoning_budget(self.model, opts, prompt),
+                "special": special_ids(self.model, opts.render_special),
+                "logit_bias": logit_bias_ids(self.model, opts)}
 
     def _check_room(self, prompt: list[int], opts: RequestOptions, needs_seq: bool) -> None:
         """The prompt fits the context, and (without a pinned sequence) there is a sequence
@@ -263,7 +266,7 @@ class Engine:
         a queued request leaves the queue at the next tick)."""
         if req.phase == "done":
             return
-        req.cancel_requested = True
+        req.cancel()
         self.loop.cancelled(req)
 
     def queue_depth(self) -> int:

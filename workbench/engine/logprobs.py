@@ -21,7 +21,7 @@ from .request import Request
 def record_sample(req: Request) -> None:
     """Queue the request's last sample's logprobs (right after the sampler drew a token)."""
     if req.opts.logprobs is not None:
-        req.pending_logprobs.append(req.sampler.last_logprobs())
+        req.queue_logprobs(req.sampler.last_logprobs())
 
 
 def next_logprob(model: Any, req: Request, token: int) -> TokenLogprob | None:
@@ -29,7 +29,7 @@ def next_logprob(model: Any, req: Request, token: int) -> TokenLogprob | None:
     without ``logprobs=``."""
     if req.opts.logprobs is None or not req.pending_logprobs:
         return None
-    logprob, top = req.pending_logprobs.popleft()
+    logprob, top = req.next_logprobs()
     return TokenLogprob(token, piece_text(model, token), float(logprob),
                         tuple(TopLogprob(t, piece_text(model, t), float(lp)) for t, lp in top))
 

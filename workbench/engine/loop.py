@@ -209,8 +209,8 @@ class Loop:
         rows, then the rest; llama_decode's code (the first that is not 0)."""
         now = time.perf_counter()
         for s in batch.slices:
-            if s.request.phase == "prefilling" and s.request.prefill_started_at is None:
-                s.request.prefill_started_at = now
+            if s.request.phase == "prefilling":
+                s.request.prefill_starts(now)
         ctx = self._p.pool.ctx
         with self._lock:
             self.in_decode = {s.request.ref for s in batch.slices}

@@ -1,8 +1,13 @@
 """A request's state as the model loop sees it.
 
-The loop thread is the only writer of everything here except ``cancel_requested``, which
-any thread may set (cancel is observed at the next token boundary). Readers on other
-threads only read plain attributes (phase, counts), never wait on the loop.
+The engine builds a request whole at submission (``Engine.submit``: prompt, options and
+what the loop derives from them). From then on its state changes only through the
+transition methods below, called where a request moves on: admission (placed, reused,
+prefill started), results (KV advanced, tokens taken, finished), retire (sequence and
+sampler released), and the steps that add to those (cache saves, scoring, speculation,
+logprobs); every other module reads. The loop thread is the only caller of those methods
+except ``cancel``, which any thread may call (observed at the next token boundary).
+Readers on other threads only read plain attributes (phase, counts), never wait on the loop.
 """
 
 from __future__ import annotations
@@ -84,6 +89,114 @@ class Request:
     def __post_init__(self) -> None:
         self.text = ReplyText(self.opts.stop_sequences)
 
+    # --- transitions (module doc) ------------------------------------------------------
+    def cancel(self) -> None:
+        """Ask the loop to end the request at its next token boundary (any thread)."""
+        self.cancel_requested = True
+
+    def place(self, seq: int, kv_tokens: list[int]) -> None:
+        """Admission put the request on ``seq``, which holds ``kv_tokens`` (its session's KV)."""
+        self.seq, self.kv_tokens = seq, kv_tokens
+
+    def start_sampler(self, sampler: Any) -> None:
+        self.sampler = sampler
+
+    def reused_from(self, kind: HitKind, shared_end: int | None = None, key: str | None = None) -> None:
+        """Where the KV it starts from came from: ``kind``; a pinned prefix of ``shared_end``
+        tokens; ``key``, the row of exactly its prompt, when that is what it restored."""
+        self.hit_kind, self.shared_end = kind, shared_end
+        if key is not None:
+            self.prompt_key = key
+
+    def start_prefill(self, reuse: int, cold_upto: int) -> None:
+        """The sequence holds the first ``reuse`` prompt tokens (``cold_upto`` of them as a
+        cold prefill computes them); the rest is fed."""
+        self.kv_tokens = []
+        self.n_past = self.reused = reuse
+        self.cold_upto = cold_upto
+        self.feed = self.prompt[reuse:]
+        self.admitted_at = time.perf_counter()
+        self.phase = "prefilling"
+
+    def plan_saves(self, boundaries: list[tuple[int, Any]]) -> None:
+        """The prefill stops at these save points (position, reason), in order."""
+        self.boundaries = boundaries
+
+    def advance(self, take: int, tiled: bool = False) -> None:
+        """``take`` tokens of the feed are in the KV now (``tiled``: as prompt rows on the
+        tiled kernel, extending the KV a cold prefill computes alike: cache_saves.py)."""
+        if tiled and self.cold_upto == self.n_past:
+            self.cold_upto += take
+        self.n_past += take
+        del self.feed[:take]
+        if self.phase == "prefilling":
+            self.prefilled += take
+
+    def pop_boundary(self) -> tuple[int, Any]:
+        """The next save point, reached."""
+        return self.boundaries.pop(0)
+
+    def stored(self, n_tokens: int) -> None:
+        """A row of ``n_tokens`` was stored anew."""
+        self.stored_upto = max(self.stored_upto, n_tokens)
+
+    def prompt_row(self, key: str) -> None:
+        """``key`` is the row of its prompt (all but the last token), saved at a save point."""
+        self.prompt_key = key
+
+    def prefill_starts(self, now: float) -> None:
+        """Its first prompt rows go to llama_decode (a later chunk changes nothing)."""
+        if self.prefill_started_at is None:
+            self.prefill_started_at = now
+
+    def prefill_done(self, now: float) -> None:
+        self.prefill_done_at = now
+        if self.phase == "prefilling":
+            self.phase = "generating"
+
+    def first_token(self, now: float) -> None:
+        """A token was sampled (an end-of-generation one too): the time to first token."""
+        if self.first_token_at is None:
+            self.first_token_at = now
+
+    def append_token(self, token: int, now: float) -> None:
+        self.generated.append(token)
+        self.last_token_at = now
+        self.token_times.append(now)
+
+    def next_input(self, token: int) -> None:
+        """``token`` is fed next, alone (its KV is not in the sequence yet)."""
+        self.feed, self.out_from = [token], None
+
+    def accepted_upto(self, n_past: int) -> None:
+        """Speculation: the KV holds ``n_past`` verified positions (the rest is trimmed)."""
+        self.n_past = n_past
+
+    def attach_draft(self, spec: Any, drafted: list[int]) -> None:
+        """Speculation: ``drafted`` tokens follow the next input, verified in one step."""
+        self.spec = spec
+        self.feed.extend(drafted)
+        self.out_from = self.n_past     # a plain step's one row comes back here too, timed
+
+    def add_argmax(self, token: int) -> None:
+        self.argmax.append(token)
+
+    def queue_logprobs(self, sample: Any) -> None:
+        self.pending_logprobs.append(sample)
+
+    def next_logprobs(self) -> Any:
+        return self.pending_logprobs.popleft()
+
+    def close_sampler(self) -> None:
+        if self.sampler is not None:
+            self.sampler.close()
+            self.sampler = None
+
+    def release_seq(self) -> int | None:
+        """The sequence it held, released (None when it held none)."""
+        seq, self.seq = self.seq, None
+        return seq
+
     # --- events (loop thread) ----------------------------------------------------------
     def emit_token(self, token: int, piece: bytes, draft: bool = False, lp: TokenLogprob | None = None) -> None:
         if lp is None:
@@ -101,8 +214,10 @@ class Request:
         self.events.put(Token(text, self.logprob_since_text))
         self.logprob_since_text = None
 
-    def finish(self, reason: FinishReason) -> Done:
+    def finish(self, reason: FinishReason, finish_key: str | None = None) -> Done:
+        """The request ends with ``reason``; ``finish_key``: the row its Done names."""
         assert self.text is not None
+        self.finish_key = finish_key
         tail = self.text.flush()
         if tail:
             self.put_text(tail)

@@ -57,9 +57,7 @@ class RequestTable:
 
     def retire(self, req: Request, keep_kv: bool) -> None:
         """Free what the request holds. Its session keeps the sequence and KV when keep_kv."""
-        if req.sampler is not None:
-            req.sampler.close()
-            req.sampler = None
+        req.close_sampler()
         if req.spec is not None:
             req.spec.close()    # its numbers stay for the request's Stats
         with self._lock:
@@ -68,8 +66,8 @@ class RequestTable:
             self.by_ref.pop(req.ref, None)
             if self._settle_session(req, keep_kv):
                 return
-        if req.seq is not None:
-            seq, req.seq = req.seq, None
+        seq = req.release_seq()
+        if seq is not None:
             self._pool.free(seq)
 
     def _settle_session(self, req: Request, keep_kv: bool) -> bool:
@@ -83,7 +81,7 @@ class RequestTable:
         if keep_kv and req.seq is not None:
             sess.tokens = (req.prompt + req.generated)[: req.n_past]
             sess.cold_upto = min(req.cold_upto, req.n_past)
-            req.seq = None  # stays pinned to the session
+            req.release_seq()  # stays pinned to the session
             return True
         if req.seq is None:
             return True     # never admitted: the session's pinned KV is untouched

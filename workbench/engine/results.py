@@ -45,8 +45,7 @@ class BatchResults:
             if s.logits_row is None:
                 continue
             if req.phase == "prefilling":
-                req.prefill_done_at = now
-                req.phase = "generating"
+                req.prefill_done(now)
             if req.opts.response_tokens == 0:
                 self.finish(req, "length")     # prefill only: nothing to sample
             else:
@@ -56,12 +55,8 @@ class BatchResults:
         """``take`` tokens of the feed are in the KV now (``tiled``: as prompt rows on the
         tiled kernel, extending the KV a cold prefill computes alike); a prefill saves at its
         save points."""
-        if tiled and req.cold_upto == req.n_past:
-            req.cold_upto += take
-        req.n_past += take
-        del req.feed[:take]
+        req.advance(take, tiled)
         if req.phase == "prefilling":
-            req.prefilled += take
             self._saves.reached(req)
 
     def sample(self, req: Request, row: int) -> None:
@@ -70,7 +65,7 @@ class BatchResults:
             return
         reason = self.take(req, token)
         if reason is None:
-            req.feed = [token]
+            req.next_input(token)
         else:
             self.finish(req, reason)
 
@@ -92,13 +87,10 @@ class BatchResults:
         finish reason it causes, if any: end-of-generation, a stop string, the token limit
         or the end of the context."""
         now = time.perf_counter()
-        if req.first_token_at is None:
-            req.first_token_at = now
+        req.first_token(now)
         if self._model.is_eog(token):
             return "stop"
-        req.generated.append(token)
-        req.last_token_at = now
-        req.token_times.append(now)
+        req.append_token(token, now)
         special = req.special if isinstance(req.special, bool) else token in req.special
         req.emit_token(token, self._model.token_to_piece(token, special), draft, next_logprob(self._model, req, token))
         if req.text is not None and req.text.stop_hit is not None:
@@ -108,7 +100,7 @@ class BatchResults:
         return None
 
     def finish(self, req: Request, reason: str) -> None:
-        req.finish_key = self._saves.at_finish(req, reason)
+        key = self._saves.at_finish(req, reason)
         self._table.retire(req, keep_kv=True)
-        req.finish(reason)  # type: ignore[arg-type]
+        req.finish(reason, key)  # type: ignore[arg-type]
         self._counters[f"finished_{reason}"] += 1

@@ -72,5 +72,5 @@ class Scoring:
             state.parts.append((positions[keep], lp, rank, ids, lps))
         self._results.advance(req, s.take)
         if not req.feed:
-            req.prefill_done_at = time.perf_counter()
+            req.prefill_done(time.perf_counter())
             self._results.finish(req, "length")

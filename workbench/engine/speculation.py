@@ -251,11 +251,9 @@ class Speculation:
                     self._pool.ctx.n_ctx - req.n_past - 2)
         if n_max < max(1, opts.n_min):
             return
-        if req.spec is None:
-            req.spec = make_state(req, self._model)
+        spec = make_state(req, self._model) if req.spec is None else req.spec
         history = (req.prompt + req.generated)[: req.n_past]
-        req.feed.extend(req.spec.draft(history, req.feed[0], req.n_past, n_max))
-        req.out_from = req.n_past         # a plain step's one row comes back here too, timed
+        req.attach_draft(spec, spec.draft(history, req.feed[0], req.n_past, n_max))
 
     # --- after the decode -------------------------------------------------------------------
     def apply(self, batch: DecodeBatch) -> None:
@@ -283,13 +281,13 @@ class Speculation:
                 break
         reason, j = None, 0
         for j, token in enumerate(tokens):
-            req.n_past = base + j + 1      # the KV holds the last token and the j draft tokens before
+            req.accepted_upto(base + j + 1)  # the KV holds the last token and the j draft tokens before
             reason = self._results.take(req, token, draft=j < len(draft) and token == draft[j])
             if reason is not None:
                 break
         if req.n_past < base + s.take:
             self._pool.trim(req.seq, req.n_past)
-        req.feed, req.out_from = [tokens[j]], None
+        req.next_input(tokens[j])
         self._record(req, len(draft), j, decode_s + time.perf_counter() - t0, own)
         if reason is not None:
             self._results.finish(req, reason)
@@ -320,6 +318,6 @@ class Speculation:
             token = self._results.draw(req, row)
             if token is None:
                 return
-            req.argmax.append(token)
+            req.add_argmax(token)
         if not req.feed:
             self._results.finish(req, "length")
