@@ -5,9 +5,9 @@ For each flash attention setting and prompt length: a cold run (cache off: the w
 is prefilled), then the prompt's KV is saved (prefill_only) and the same prompt is run warm,
 an exact hit: restore, decode the last prompt token, sample.
 
-* Whole rows (the default storage): saved into the RAM tier, run warm from RAM; demoted by
-  eviction to the shm tier and run warm from there, then to the disk tier (page-cached: just
-  written).
+* Whole rows (``storage='rows'``: the row's KV one chunk): saved into the shm tier with a
+  RAM copy and run warm from RAM; the copy dropped, run warm from shm; demoted by eviction to
+  the disk tier and run warm from there (page-cached: just written).
 * Chunk storage, per chunk size: saved into a chunk directory under /dev/shm with RAM copies
   above it and run warm from the RAM copies; the copies dropped (``evict_bytes(.., 'ram')``)
   and run warm from the shm files; the directory copied to a disk directory, adopted by a
@@ -64,7 +64,7 @@ def warm(model: str, prompt: list[int]) -> dict[str, float]:
 
 
 def rows_warm(model: str, prompt: list[int], root: Path, shm_root: Path) -> dict[str, Any]:
-    """Whole rows: RAM, then demoted to shm, then to disk."""
+    """Whole rows: a RAM copy, then the shm file, then demoted to disk."""
     wb.configure_cache([{"kind": "ram", "budget_bytes": BIG},
                         {"kind": "shm", "root": str(shm_root / "rows"), "budget_bytes": BIG},
                         {"kind": "disk", "root": str(root / "rows"), "budget_bytes": BIG}], storage="rows")
@@ -72,12 +72,12 @@ def rows_warm(model: str, prompt: list[int], root: Path, shm_root: Path) -> dict
     wb.wait_for_saves()                           # time the restore alone, not beside a write
     row = next(r for r in wb.cache_rows() if r["key"] == saved.finish_key)
     res: dict[str, Any] = {"ram": warm(model, prompt)}
-    wb.evict_bytes(BIG, "ram")                    # demote to shm
+    wb.evict_bytes(BIG, "ram")                    # drop the RAM copy: the shm file is left
     res["shm"] = warm(model, prompt)              # (promotes a copy back to ram)
     wb.evict_bytes(BIG, "ram")
     wb.evict_bytes(BIG, "shm")                    # demote to disk
     res["disk"] = warm(model, prompt)
-    res["stored_bytes"] = sum(f.stat().st_size for f in (root / "rows").rglob(f"{saved.finish_key}*"))
+    res["stored_bytes"] = sum(f.stat().st_size for f in (root / "rows").iterdir())  # its chunk and manifest
     res["payload_bytes"] = row["bytes"]
     return res
 

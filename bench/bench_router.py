@@ -75,9 +75,10 @@ def run_router(cluster: wc.Cluster, router: str, trace: traces.Trace, response_t
 def cache_storage() -> str:
     """The storage a replica's cache_tiers get (configure_cache's default: the replicas
     configure their cache without naming one), e.g. 'rows' or 'chunks/64'."""
-    params = inspect.signature(wb.configure_cache).parameters
-    storage = str(params["storage"].default)
-    return f"{storage}/{params['chunk_size'].default}" if storage == "chunks" else storage
+    from workbench.cache.shared import store_chunk_size
+
+    storage = str(inspect.signature(wb.configure_cache).parameters["storage"].default)
+    return f"{storage}/{store_chunk_size(storage, None)}" if storage == "chunks" else storage
 
 
 def table(rows: list[dict[str, Any]]) -> str:

@@ -3,9 +3,9 @@
 Each trace runs once per storage configuration (whole rows on a disk tier; chunk storage on
 one directory per chunk size) with greedy replies, so every configuration sees the same
 conversations and saves rows at the same points. What is measured is what a user's disk
-holds: the sizes of the files the engine left (row files ``*.kv``; chunk files ``*.kvc`` and
-manifests ``*.kvm``), against the raw f16 KV of the distinct tokens of the rows it saved
-(the positions of the trie of all rows: each distinct prefix once).
+holds: the sizes of the files the engine left (chunk files ``*.kvc`` and manifests ``*.kvm``,
+in both: whole rows are whole-row chunks), against the raw f16 KV of the distinct tokens of
+the rows it saved (the positions of the trie of all rows: each distinct prefix once).
 
 * ``chats``: ``n_chats`` chats of ``turns`` turns sharing one system prompt, each on its own
   topic (the chats' common prefix: 250 tokens of the default model).
@@ -127,12 +127,10 @@ def distinct_tokens(rows: list[list[int]]) -> int:
 def stored_rows(root: Path) -> tuple[list[list[int]], int]:
     """The token lists of the rows under ``root`` and the bytes of every cache file there."""
     from workbench.cache.chunk_format import read_manifest
-    from workbench.cache.format import read_row
     from workbench.cache.keys import tokens_from_bytes
 
-    rows = [tokens_from_bytes(read_row(f).meta.tokens) for f in sorted(root.rglob("*.kv"))]
-    rows += [tokens_from_bytes(read_manifest(f).tokens) for f in sorted(root.rglob("*.kvm"))]
-    files = [f for pat in ("*.kv", "*.kvc", "*.kvm") for f in root.rglob(pat)]
+    rows = [tokens_from_bytes(read_manifest(f).tokens) for f in sorted(root.rglob("*.kvm"))]
+    files = [f for pat in ("*.kvc", "*.kvm") for f in root.rglob(pat)]
     return rows, sum(f.stat().st_size for f in files)
 
 

@@ -3,8 +3,8 @@
 The cache is process-wide (every loaded model uses it; rows are keyed by model
 fingerprint, KV layout and cache scope). It starts with one RAM tier of 1 GiB in chunk storage (rows as manifests over
 shared KV chunks of 64 positions); add shm and disk tiers with :func:`add_tier`, or replace
-the whole stack with :func:`configure_cache` (``storage='rows'``: each row one whole
-llama.cpp state; docs/cache.md, "Chunk storage in the engine").
+the whole stack with :func:`configure_cache` (``storage='rows'``: each row's KV one
+whole-row chunk; docs/cache.md, "Chunk storage in the engine").
 """
 
 from __future__ import annotations
@@ -28,25 +28,25 @@ CHUNK_SIZE_MIN, CHUNK_SIZE_MAX = 16, 8192
 
 def configure_cache(tiers: Sequence[Mapping[str, Any]], policy: Any = DEFAULT_POLICY, writer_workers: int | None = None,
                     writer_queue: int | None = None, storage: str = "chunks",
-                    chunk_size: int = shared.DEFAULT_CHUNK_SIZE) -> dict[str, Any]:
+                    chunk_size: int | None = None) -> dict[str, Any]:
     """Replace the cache with these tiers (fastest first), e.g.
     ``[{'kind': 'ram', 'budget_bytes': 2**30}, {'kind': 'shm', 'budget_bytes': 4 * 2**30},
     {'kind': 'disk', 'root': '~/kv', 'budget_bytes': 50 * 2**30}]``. Persistent tiers are
     scanned: valid rows from before a restart are adopted, corrupt files removed and counted.
     Background saves run on ``writer_workers`` threads, at most ``writer_queue`` queued or
     running (a save past that is dropped and counted as saves_dropped); None = the cache's
-    defaults (2 and 8, TieredCache).
+    defaults (2 and 8).
 
     ``storage``: ``'chunks'`` (the default: each row a manifest over KV chunks of
-    ``chunk_size`` positions, 16..8192, shared by every row with the same prefix; tiers: at
-    most one of each kind, ``ram``, ``shm``, ``disk`` in that order, each with its budget
-    and policy, shm and disk each in a directory of its own, by default beside the row
-    tiers' (``chunk_tier_admin.default_root``); a RAM tier alone keeps the chunks in memory,
-    above shm or disk it holds copies of their chunks; chunks are demoted and promoted
-    between the tiers one at a time: docs/cache.md, "Chunked storage") or ``'rows'`` (each
-    row a whole llama.cpp state, in any number of tiers)."""
-    one_of(*shared.STORAGES)("storage", storage, "cache")
-    check_int("chunk_size", chunk_size, CHUNK_SIZE_MIN, CHUNK_SIZE_MAX, where="cache")
+    ``chunk_size`` positions, 16..8192, None = 64, shared by every row with the same
+    prefix) or ``'rows'`` (``chunk_size`` None: each row's new KV one chunk, ending where
+    the row ends or where a shared prefix does, a longer row's chunk serving the shorter rows
+    it extends). Tiers: at most one of each kind, ``ram``, ``shm``, ``disk`` in that order,
+    each with its budget and policy, shm and disk each in a directory of its own
+    (``chunk_tier_admin.default_root``); a RAM tier alone keeps the chunks in memory, above
+    shm or disk it holds copies of their chunks; chunks are demoted and promoted between
+    the tiers one at a time: docs/cache.md, "Chunked storage"."""
+    check_storage(storage, chunk_size, "cache")
     if isinstance(tiers, (Mapping, str, bytes)) or not isinstance(tiers, Sequence) or not tiers:
         raise InvalidOption("tiers", tiers, "a non-empty list of tier dicts", "cache")
     _check_policy("policy", policy, none_ok=False)
@@ -55,9 +55,16 @@ def configure_cache(tiers: Sequence[Mapping[str, Any]], policy: Any = DEFAULT_PO
     for i, spec in enumerate(tiers):
         if isinstance(spec, Mapping):
             _check_tier_names(f"tiers[{i}].", spec.get("name"), spec.get("policy"))
-    if storage == "chunks":
-        tiers = fill_roots(tiers)
+    tiers = fill_roots(tiers)
     return shared.configure(tiers, policy, writer_workers, writer_queue, storage, chunk_size).info()
+
+
+def check_storage(storage: Any, chunk_size: Any, where: str) -> None:
+    """``storage`` and ``chunk_size`` as configure_cache takes them (a cluster's replicas too)."""
+    one_of(*shared.STORAGES)("storage", storage, where)
+    if storage == "rows" and chunk_size is not None:
+        raise InvalidOption("chunk_size", chunk_size, "None with storage='rows' (each row is one chunk)", where)
+    check_int("chunk_size", chunk_size, CHUNK_SIZE_MIN, CHUNK_SIZE_MAX, none_ok=True, where=where)
 
 
 def _check_policy(key: str, policy: Any, none_ok: bool = True) -> None:
@@ -106,10 +113,7 @@ def remove_tier(name: str, purge: bool = False) -> int:
 
 
 def _chunks() -> list[dict[str, Any]]:
-    chunks = shared.shared_cache().chunk_rows()
-    if chunks is None:
-        raise InvalidOption("storage", "rows", "a cache configured with storage='chunks'", "cache")
-    return chunks
+    return shared.shared_cache().chunk_rows()
 
 
 def _tier_name(cache: Any, name: Any) -> str:
@@ -124,8 +128,8 @@ def list_tiers() -> list[dict[str, Any]]:
 
 
 def cache_info() -> dict[str, Any]:
-    """Storage (``'chunks'`` or ``'rows'``), rows, pins, tiers (with their policies and usage)
-    and counters; in chunk storage also the chunk size."""
+    """Storage (``'chunks'`` or ``'rows'``), the chunk size (None for whole rows), rows, pins,
+    tiers (with their policies and usage) and counters."""
     return shared.shared_cache().info()
 
 

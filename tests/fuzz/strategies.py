@@ -547,16 +547,16 @@ tool = st.one_of(
 )
 tools = st.one_of(st.none(), st.lists(tool, max_size=2), weird)
 
-# --- cache row files --------------------------------------------------------------------------------
+# --- a cache row's chunk file -----------------------------------------------------------------------------
 # offsets / sizes are reduced modulo the real file's length in the worker
 
-HEADER_FIELDS = {  # index in format.HEADER -> values a re-sealed header may carry
-    1: st.sampled_from([0, 2, 0xFFFF]), 2: st.sampled_from([0, 1, 2, 0xFFFF]), 3: st.sampled_from([0, 1, 6, 7, 255]),
-    4: st.sampled_from([0, 1, 2, 3, 255]), 5: st.sampled_from([0, 1, 0xFFFF]),
-    6: st.sampled_from([0, 1, 2**31, 2**32 - 1]), 7: st.sampled_from([0, 2**32 - 1]),
-    8: st.sampled_from([0, 1, 2**40, 2**64 - 1]), 9: st.sampled_from([0.0, -1.0, math.nan, math.inf, 1e300]),
-    10: st.binary(min_size=16, max_size=16), 11: st.binary(min_size=32, max_size=32),
-    12: st.binary(min_size=32, max_size=32),
+HEADER_FIELDS = {  # index in chunk_format.CHUNK_HEADER (a whole row's chunk) -> values a re-sealed header may carry
+    1: st.sampled_from([0, 2, 4, 0xFFFF]), 2: st.sampled_from([0, 2, 0xFFFF]), 3: st.sampled_from([1, 7, 2**31]),
+    4: st.sampled_from([0, 1, 2**31, 2**32 - 1]), 5: st.sampled_from([1, 2**32 - 1]),
+    6: st.sampled_from([0, 1, 2**40, 2**64 - 1]), 7: st.binary(min_size=16, max_size=16),
+    8: st.binary(min_size=16, max_size=16), 9: st.binary(min_size=32, max_size=32),
+    10: st.binary(min_size=32, max_size=32), 11: st.binary(min_size=16, max_size=16),
+    12: st.sampled_from([0.0, -1.0, math.nan, math.inf, 1e300]),
 }
 offset = st.one_of(st.integers(0, 200), st.integers(0, 2**22))
 row_mutation = st.one_of(

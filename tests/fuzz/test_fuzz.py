@@ -218,7 +218,7 @@ def test_row_files(fuzz_worker, mutation):
     if f["identical"]:
         assert f["adopted"] >= 1 and f["hit"] == "exact", f"a pristine row was not served: {f}"
     elif op == "field":
-        pass  # a re-sealed header may describe the same row (hits, created_at, pinned): either outcome
+        pass  # a re-sealed header may describe the same chunk (reserved, created_at, fingerprint): either outcome
     elif op in ("symlink", "directory", "fifo"):
         assert f["hit"] == "cold", f"a row that is not a regular file was served: {mutation!r} {f}"
     else:

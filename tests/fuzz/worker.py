@@ -29,7 +29,7 @@ os.dup2(2, 1)  # stray prints go to the log, not into the protocol
 sys.stdout = sys.stderr
 
 import workbench as wb  # noqa: E402
-from workbench.cache import format as row_format  # noqa: E402
+from workbench.cache import chunk_format  # noqa: E402
 from workbench.errors import WorkbenchError  # noqa: E402
 
 N_SEQ = 2
@@ -40,7 +40,7 @@ BASELINE_PROMPT = "The capital of France is"
 # stop-sequence cases pick substrings of these prompts' greedy replies
 STOP_PROMPTS = ("The capital of France is", "Once upon a time,", "def fibonacci(n):", "1, 2, 3, 4,")
 STOP_TOKENS = 16
-ROW_PROMPT = ("A row file for the fuzzer: the quick brown fox jumps over the lazy dog, "
+ROW_PROMPT = ("A row for the fuzzer: the quick brown fox jumps over the lazy dog, "
               "then the lazy dog sleeps in the warm afternoon sun.")
 
 
@@ -77,7 +77,7 @@ class Worker:
         # each stop prompt's greedy reply as the text each token released (no stop sequences)
         self.stop_pieces = {p: self.greedy_pieces(p, STOP_TOKENS) for p in STOP_PROMPTS}
         self.stop_replies = {p: "".join(pieces) for p, pieces in self.stop_pieces.items()}
-        self.row_bytes, self.row_key, self.row_reply = self.make_row()
+        self.row_bytes, self.row_key, self.manifest, self.row_reply = self.make_row()
         self.cases = 0
 
     def greedy(self, prompt: str, n: int) -> str:
@@ -87,23 +87,23 @@ class Worker:
         return [ev.text for ev in wb.stream(self.m, prompt, response_tokens=n, cache=False)
                 if isinstance(ev, wb.Token)]
 
-    # -- a real row file to mutate ----------------------------------------------------------
-    def make_row(self) -> tuple[bytes, str, str]:
+    # -- a real row's chunk file to mutate ------------------------------------------------------
+    def make_row(self) -> tuple[bytes, str, tuple[str, bytes], str]:
+        """The prompt row a request leaves in whole rows (``storage='rows'``): its one chunk
+        file (bytes, key) to mutate, its manifest (name, bytes) kept as it is, and the reply."""
         root = self.tmp / "pristine"
         reply = self.greedy(ROW_PROMPT, TOKEN_CAP)
-        wb.configure_cache([{"kind": "disk", "root": str(root)}], storage="rows")  # a row file (format 1) to mutate
+        wb.configure_cache([{"kind": "disk", "root": str(root)}], storage="rows")
         wb.complete(self.m, ROW_PROMPT, response_tokens=TOKEN_CAP)
         wb.wait_for_saves(30)
-        best = None
-        for f in sorted(root.glob("*.kv")):
-            row = row_format.read_row(f)
-            # the prompt row: its tokens are the prompt without its last token
-            if row.meta.reason.name.lower() in ("cold", "continued") and (best is None or row.meta.n_tokens > best[1]):
-                best = (f, row.meta.n_tokens)
+        chunks = sorted(root.glob("*" + chunk_format.CHUNK_SUFFIX))
+        manifests = sorted(root.glob("*" + chunk_format.MANIFEST_SUFFIX))
         wb.configure_cache([{"kind": "ram", "budget_bytes": RAM_BUDGET}])
-        if best is None:
-            raise RuntimeError(f"no prompt row was saved under {root}: {sorted(p.name for p in root.iterdir())}")
-        return best[0].read_bytes(), best[0].name[: -len(".kv")], reply
+        if len(chunks) != 1 or len(manifests) != 1:   # the prompt row alone (no finish row by default)
+            raise RuntimeError(f"expected one prompt row under {root}: {sorted(p.name for p in root.iterdir())}")
+        chunk, manifest = chunks[0], manifests[0]
+        return (chunk.read_bytes(), chunk.name[: -len(chunk_format.CHUNK_SUFFIX)],
+                (manifest.name, manifest.read_bytes()), reply)
 
     # -- cases ------------------------------------------------------------------------------
     def run(self, case: dict) -> dict:
@@ -224,14 +224,16 @@ class Worker:
         facts["result_type"] = type(res).__name__
 
     def case_row(self, case: dict, facts: dict) -> None:
-        """Put a (mutated) copy of a real prompt row into a fresh disk tier, start the
-        cache over it (the start-up scan), then run the row's prompt: a damaged file must be
-        rejected with a counted reason and never served; the reply must be the cold one."""
+        """Put a (mutated) copy of a real prompt row's chunk file, with its manifest, into a
+        fresh disk tier, start the cache over it (the start-up scan), then run the row's
+        prompt: a damaged file must be rejected with a counted reason and never served; the
+        reply must be the cold one."""
         root = self.tmp / f"rows-{self.cases}"
         root.mkdir(mode=0o700)
         try:
+            (root / self.manifest[0]).write_bytes(self.manifest[1])
             data, name = self.mutate_row(case["mutation"], root)
-            facts["identical"] = (data == self.row_bytes and name == self.row_key + ".kv"
+            facts["identical"] = (data == self.row_bytes and name == self.row_key + chunk_format.CHUNK_SUFFIX
                                   and case["mutation"][0] not in ("symlink", "directory", "fifo", "sparse"))
             before = wb.counters()
             try:
@@ -253,7 +255,7 @@ class Worker:
 
     def mutate_row(self, mutation: tuple, root: Path) -> tuple[bytes, str]:
         data = bytearray(self.row_bytes)
-        name = self.row_key + ".kv"
+        name = self.row_key + chunk_format.CHUNK_SUFFIX
         op = mutation[0]
         if op == "none":
             pass
@@ -271,7 +273,7 @@ class Worker:
             a = mutation[1] % len(data)
             data[a:a + mutation[2]] = mutation[3]
         elif op == "rename":  # a valid file under another key's name
-            name = mutation[1] + ".kv"
+            name = mutation[1] + chunk_format.CHUNK_SUFFIX
         elif op == "field":  # rewrite one header field and re-seal the header checksum
             data = bytearray(self.reseal_header(data, mutation[1], mutation[2]))
         elif op == "payload_resealed":  # damage the KV payload and fix both checksums
@@ -289,7 +291,7 @@ class Worker:
             return b"", name
         elif op == "sparse":
             with open(root / name, "wb") as f:
-                f.write(bytes(data[: row_format.HEADER_SIZE]))
+                f.write(bytes(data[: chunk_format.HEADER_SIZE]))
                 f.truncate(mutation[1])
             return b"", name
         else:
@@ -299,33 +301,38 @@ class Worker:
 
     @staticmethod
     def _fields(data: bytes) -> list:
-        return list(row_format.HEADER.unpack(bytes(data[: row_format.HEADER_SIZE])))
+        return list(chunk_format.CHUNK_HEADER.unpack(bytes(data[: chunk_format.HEADER_SIZE])))
 
     def reseal_header(self, data: bytearray, field: int, value: object) -> bytes:
+        """``chunk_format.CHUNK_HEADER`` field ``field`` set to ``value``, the header checksum
+        (bytes 0..151 and the token ids) made anew."""
         import xxhash
 
+        size = chunk_format.HEADER_SIZE
         vals = self._fields(data)
-        n_tokens = vals[6]
+        n_tokens = vals[4]
         vals[field] = value
         try:
-            head = row_format.HEADER.pack(*vals)
+            head = chunk_format.CHUNK_HEADER.pack(*vals)
         except struct.error:
             return bytes(data)
-        tokens = bytes(data[row_format.HEADER_SIZE: row_format.HEADER_SIZE + 4 * n_tokens])
+        tokens = bytes(data[size: size + 4 * n_tokens])
         check = xxhash.xxh3_64_intdigest(head[:152] + tokens)
-        return head[:152] + struct.pack("<Q", check) + bytes(data[row_format.HEADER_SIZE:])
+        return head[:152] + struct.pack("<Q", check) + bytes(data[size:])
 
     def reseal_payload(self, data: bytearray, edits: list) -> bytes:
+        """The payload edited, its checksum and the header's made anew: a chunk whose checks
+        all pass, holding a llama.cpp state no saver wrote."""
         import xxhash
 
         vals = self._fields(data)
-        start = row_format.HEADER_SIZE + 4 * vals[6]
+        start = chunk_format.HEADER_SIZE + 4 * vals[4]
         payload = bytearray(data[start:])
         for off, b in edits:
             payload[off % len(payload)] = b
-        vals[13] = xxhash.xxh3_128_digest(bytes(payload)).ljust(32, b"\x00")
-        data = bytearray(row_format.HEADER.pack(*vals)) + data[row_format.HEADER_SIZE:start] + payload
-        return self.reseal_header(data, 13, vals[13])
+        vals[11] = xxhash.xxh3_128_digest(bytes(payload))
+        data = bytearray(chunk_format.CHUNK_HEADER.pack(*vals)) + data[chunk_format.HEADER_SIZE:start] + payload
+        return self.reseal_header(data, 11, vals[11])
 
     def case_selftest(self, case: dict, facts: dict) -> None:
         """Cases that prove the harness notices a death, a hang and a wrong type."""

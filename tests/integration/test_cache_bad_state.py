@@ -1,5 +1,7 @@
-"""A row file whose checksums verify but whose llama.cpp state is malformed (one cell moved to
-position INT32_MAX) must not poison the sequence it is restored into, nor the next process.
+"""A chunk file whose checksums verify but whose llama.cpp state is malformed (one cell moved
+to position INT32_MAX) must not poison the sequence it is restored into, nor the next
+process; in chunk storage (the prompt's first chunk) and in whole rows (the row's one chunk).
+The join refuses it before llama.cpp sees it.
 
 Before: the state was restored, every later request on that sequence failed with
 DecodeFailed until the model was unloaded, and the file stayed for the next process. Now
@@ -70,44 +72,6 @@ SCENARIO = textwrap.dedent(r'''
     print(json.dumps(first_process() if phase == "first" else next_process()))
 ''')
 
-CHILD = HEAD + textwrap.dedent(r'''
-    from workbench.cache import store
-    from workbench.cache.format import read_row
-
-    wb.configure_cache([{"kind": "disk", "root": root, "budget_bytes": None}], storage="rows")
-    SETTLE_BEFORE_LATER = False
-
-    def cells(state):
-        """(offset, position) of every cell of a one-stream llama.cpp sequence state."""
-        magic, _seq, n_stream, n_cells = struct.unpack_from("<IiII", state, 0)
-        assert (magic, n_stream) == (0xaf143cd8, 1), (magic, n_stream)
-        off, out = 16, []
-        for _ in range(n_cells):
-            pos, n_seq = struct.unpack_from("<iI", state, off)
-            out.append((off, pos))
-            off += 8 + 4 * n_seq
-        return out
-
-    def poison_stored():
-        """Move the last cell of the prompt's row to INT32_MAX and re-checksum the row file."""
-        n = len(wb.tokenize(m, PROMPT)) - 1
-        rows = [r for r in wb.cache_rows() if r["n_tokens"] == n]
-        assert len(rows) == 1, wb.cache_rows()
-        path = store.row_path(Path(root), rows[0]["key"])
-        row = read_row(path)
-        state = bytearray(row.payload)
-        found = cells(state)
-        assert [p for _, p in found] == list(range(row.meta.n_tokens)), found[:4]
-        struct.pack_into("<i", state, found[-1][0], 2**31 - 1)
-        os.unlink(path)
-        store.publish_row(path.parent, row.meta, bytes(state))  # valid header and payload checksums
-        return path
-
-    def still_poisoned(path):
-        return max(p for _, p in cells(read_row(path).payload)) >= 2**31 - 1
-''') + SCENARIO
-
-
 def child(script: str, model_path: Path, root: Path, phase: str) -> dict:
     done = subprocess.run([sys.executable, "-c", script, str(model_path), str(root), phase, PROMPT],
                           capture_output=True, text=True, timeout=300, cwd=REPO)
@@ -133,7 +97,45 @@ def assert_next_process_restores_exact(second: dict, cold: list[int]) -> None:
     assert second["next_process"] == {"tokens": cold, "kind": "exact"} and second["rejected"] == 0
 
 
-def test_a_row_with_a_malformed_state_is_refused_removed_and_the_request_runs_cold(model_path, tmp_path):
-    root = tmp_path / "disk"
-    cold = assert_refused_removed_and_ran_cold(child(CHILD, model_path, root, "first"))
-    assert_next_process_restores_exact(child(CHILD, model_path, root, "second"), cold)
+CHILD = HEAD + textwrap.dedent(r'''
+    from workbench.cache.chunk_format import CHUNK_SUFFIX, encode_chunk, read_chunk
+
+    STORAGE = {"chunks": {"storage": "chunks", "chunk_size": 16}, "rows": {"storage": "rows"}}[phase.split("-")[1]]
+    phase = phase.split("-")[0]
+    wb.configure_cache([{"kind": "disk", "root": root, "budget_bytes": 2**30}], **STORAGE)
+    SETTLE_BEFORE_LATER = True      # the refused run's cold prefill stores the prompt's chunks again
+    KV_HEADER = struct.Struct("<8sHHIII16s")   # a KV chunk's header (docs/cache.md, "Chunked state")
+
+    def cells(kv):
+        """(offset, position) of each cell record of a KV chunk (no cell ext: pos, n_seq, seq id)."""
+        magic, _v, flags, p0, n, layout, _key = KV_HEADER.unpack_from(kv, 0)
+        assert magic == b"WBKVCHK\0" and not flags & 1, (magic, flags)
+        base = KV_HEADER.size + layout
+        return [(base + 12 * j, struct.unpack_from("<iI", kv, base + 12 * j)) for j in range(n)], p0
+
+    def poison_stored():
+        """Move the prompt's first chunk's last cell to INT32_MAX; the file's checksums are made anew."""
+        (first,) = [c["key"] for c in wb.cache_chunks() if c["parent"] is None]
+        path = Path(root) / f"{first}{CHUNK_SUFFIX}"
+        meta, kv, _ = read_chunk(path)
+        kv = bytearray(kv)
+        found, p0 = cells(kv)
+        assert [c for _, c in found] == [(p0 + j, 1) for j in range(len(found))], found[:4]
+        struct.pack_into("<i", kv, found[-1][0], 2**31 - 1)
+        os.unlink(path)
+        path.write_bytes(encode_chunk(meta, bytes(kv)) + bytes(kv))
+        read_chunk(path)                  # it verifies: only the join can tell
+        return path
+
+    def still_poisoned(path):
+        return max(p for _, (p, _n) in cells(read_chunk(path)[1])[0]) >= 2**31 - 1
+''') + SCENARIO
+
+
+@pytest.mark.parametrize("storage", ["chunks", "rows"])
+def test_a_chunk_with_a_malformed_cell_is_refused_removed_and_the_request_runs_cold(model_path, tmp_path, storage):
+    root = tmp_path / storage
+    first = child(CHILD, model_path, root, f"first-{storage}")
+    cold = assert_refused_removed_and_ran_cold(first)
+    assert [r["kind"] for r in first["later"]] == ["exact", "cold", "exact"]
+    assert_next_process_restores_exact(child(CHILD, model_path, root, f"second-{storage}"), cold)

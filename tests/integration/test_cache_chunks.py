@@ -168,12 +168,11 @@ def test_cut_refuses_wrong_keys_and_foreign_bytes(cut_pair):
 
 
 def test_engine_rows_of_a_chat_stored_as_chunks_share_their_prefix(model, model_path, tmp_path):
-    """The rows a real two-turn chat leaves on a disk tier, stored as manifests over chunks:
-    every row reads back and joins to exactly its row's state, and the chunks take less than
-    the rows because the turns share their prefix."""
+    """The rows a real two-turn chat leaves in whole rows on a disk tier, cut into chunks of
+    64: every row reads back and joins to exactly its row's state, and the chunks take less
+    than the rows' states stored each in full, because the turns share their prefix."""
     import workbench as wb
-    from workbench.cache.chunk_store import ChunkStore
-    from workbench.cache.format import read_row
+    from workbench.cache.chunk_store import WHOLE_ROWS, ChunkStore
 
     wb.configure_cache([{"kind": "disk", "root": str(tmp_path / "rows"), "budget_bytes": 2**30}], storage="rows")
     mid = wb.load_model(model_path=str(model_path), n_ctx=2048, n_seq_max=1, n_threads=2)
@@ -183,21 +182,26 @@ def test_engine_rows_of_a_chat_stored_as_chunks_share_their_prefix(model, model_
             r = wb.chat(mid, messages, response_tokens=24)
             messages += [{"role": "assistant", "content": r.content}, {"role": "user", "content": follow_up}]
         assert wb.wait_for_saves()
-        files = sorted((tmp_path / "rows").glob("*.kv"))
-        rows = [read_row(f) for f in files]
+        whole = ChunkStore(tmp_path / "rows", chunk_size=WHOLE_ROWS)
+        assert whole.scan() == {}
+        rows = list(whole.rows.values())
         assert len(rows) >= 2       # both turns' prompt rows (the default mode stores no finish row)
         ctx = make_ctx(model, "auto")
+        states = {}
+        for m in rows:
+            _, served_by, pieces = whole.read_row(m.key)
+            states[m.key] = kv_chunks.join(ctx, pieces, served_by, m.n_tokens)
         store = ChunkStore(tmp_path / "chunks", chunk_size=64)
-        for row in rows:
-            ks = chunk_keys(row.meta.namespace, row.meta.tokens, 64)
-            first = store.missing(row.meta.namespace, row.meta.tokens)
-            pieces = kv_chunks.cut_state(ctx, row.payload, ks, 64, first)
-            store.put_row(row.meta.namespace, row.meta.fingerprint, row.meta.tokens, pieces, row.meta.reason)
-        for row in rows:
-            m, served_by, back = store.read_row(row.meta.key)
-            assert kv_chunks.join(ctx, back, served_by, m.n_tokens) == row.payload
+        for m in rows:
+            ks = chunk_keys(m.namespace, m.tokens, 64)
+            first = store.missing(m.namespace, m.tokens)
+            pieces = kv_chunks.cut_state(ctx, states[m.key], ks, 64, first)
+            store.put_row(m.namespace, m.fingerprint, m.tokens, pieces, m.reason)
+        for m in rows:
+            back_m, served_by, back = store.read_row(m.key)
+            assert kv_chunks.join(ctx, back, served_by, back_m.n_tokens) == states[m.key]
         assert store.counters.get("chunks_shared") > 0
-        assert store.used < 0.8 * sum(f.stat().st_size for f in files)
+        assert store.used < 0.8 * sum(len(state) for state in states.values())
         ctx.close()
     finally:
         wb.unload(mid)

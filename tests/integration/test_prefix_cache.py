@@ -254,7 +254,7 @@ def test_a_sessions_newest_row_is_live_until_the_session_ends(fresh_model, cache
 SCRIPT = textwrap.dedent("""
     import json, sys
     import workbench as wb
-    wb.configure_cache([{"kind": "disk", "root": sys.argv[1], "budget_bytes": 2**30}], storage="rows")  # row files
+    wb.configure_cache([{"kind": "disk", "root": sys.argv[1], "budget_bytes": 2**30}], storage="rows")  # a chunk a row
     m = wb.load_model(model_path=sys.argv[2])
     r = wb.prefill_only(m, sys.argv[3]) if sys.argv[4] == "save" else wb.complete(m, sys.argv[3], response_tokens=16)
     print(json.dumps({"kind": r.stats.cache_hit_kind, "tokens": list(r.tokens),
@@ -273,12 +273,13 @@ def _run(root: Path, model_path: Path, prompt: str, mode: str) -> dict:
 def test_disk_rows_survive_a_restart_and_corrupt_ones_are_rejected(tmp_path, model_path, model):
     root = tmp_path / "kv"
     _run(root, model_path, PROMPT, "save")                      # process 1 saves and exits
-    files = sorted(root.rglob("*.kv"))
-    assert files and all(oct(f.stat().st_mode & 0o777) == "0o600" for f in files)
+    files = sorted(root.rglob("*.kvc"))                         # the row's chunk
+    assert len(files) == 1 and all(oct(f.stat().st_mode & 0o777) == "0o600" for f in root.iterdir())
     warm = _run(root, model_path, PROMPT, "complete")           # process 2 adopts the row
     assert warm["kind"] == "exact" and warm["rejected"] == 0
     assert warm["tokens"] == list(wb.complete(model, PROMPT, response_tokens=16, cache=False).tokens)
-    # flip one payload bit in every row: the next start-up rejects, counts and removes them
+    # flip one payload bit of the chunk: its first read rejects, counts and removes it (a
+    # start-up reads no payload), and the request runs cold
     corrupted = {}
     for f in files:
         data = bytearray(f.read_bytes())

@@ -22,7 +22,7 @@ from workbench.cache.types import Match
 
 
 class StoreCache:
-    """lookup / get / put / pin / `in`, as reference_replay calls them on a TieredCache."""
+    """lookup / get / put / pin / `in`, as reference_replay calls them on its WholeRows."""
 
     def __init__(self, root: str | None, size_bytes: int, policy: PolicySpec, clock: Callable[[], float],
                  bytes_per_token: int, chunk_size: int,

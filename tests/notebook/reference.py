@@ -1,6 +1,10 @@
-"""A slow, obvious replay of a trace through a real TieredCache with real token ids: the
-reference the eviction lab's fast replay (virtual tokens, SimCache) must agree with under
-eviction, at budgets a real model run would take too long to fill. The save rule and the hit
+"""A slow, obvious replay of a trace with real token ids: the reference the eviction lab's fast
+replay (virtual tokens, its plan, the native replay) must agree with under eviction, at
+budgets a real model run would take too long to fill. The cache is a real ChunkStore for the
+chunk model (``cache_factory``: tests/unit/test_lab_vs_store.py's ``store_cache``) or, for
+the whole-row model, ``WholeRows`` below: every row stored in full, shared with no other,
+victims ranked in full at each eviction by the cache's policies (what the cache's row
+storage did before issue 26; the lab's SimCache ranks lazily). The save rule and the hit
 kinds are the engine's own (cache/save_rule.py, HitKind), checked against the engine itself
 in test_lab_model.py, request by request; what this checks is the lab's replay of them."""
 
@@ -9,12 +13,63 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from workbench.cache import CacheNamespace, HitKind, RamTier, TieredCache
-from workbench.cache.policies import PolicySpec
+from workbench.cache import CacheNamespace, HitKind, RamTier
+from workbench.cache.keys import row_key_from_bytes, token_bytes
+from workbench.cache.policies import PolicySpec, get_policy
 from workbench.cache.save_rule import SaveSettings, prefill_saves
+from workbench.cache.types import Match, RowStats, SaveReason
+from workbench.lab.row_catalog import Catalog
+from workbench.lab.row_level import Level
 from workbench.lab.traces import Trace
 
 NS = CacheNamespace("cd" * 32, scope="reference")
+
+
+class WholeRows:
+    """One tier of ``size_bytes`` holding whole rows (a row's bytes: its payload), the plain
+    way: a catalog (prefix index, one pin per namespace), a level (budget, the policy's
+    hooks) asked for victims, in full, whenever a put needs room."""
+
+    def __init__(self, size_bytes: int, policy: PolicySpec, clock: Callable[[], float], block_size: int) -> None:
+        self.catalog = Catalog(block_size)
+        self.level = Level(RamTier("ram", size_bytes), get_policy(policy))
+        self.clock = clock
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.catalog
+
+    def lookup(self, ns: CacheNamespace, tokens: list[int]) -> Match | None:
+        return self.catalog.longest_prefix(ns.digest(), token_bytes(tokens))
+
+    def get(self, key: str) -> bool | None:
+        entry = self.catalog.get(key)
+        if entry is None:
+            return None
+        self.catalog.touch(entry.stats, self.clock())
+        self.level.hit(entry.stats)
+        return True
+
+    def pin(self, key: str) -> None:
+        self.catalog.pin(self.catalog.entry(key))
+
+    def put(self, ns: CacheNamespace, tokens: list[int], payload: bytes, reason: str, **_: Any) -> None:
+        raw, why = token_bytes(tokens), SaveReason.parse(reason)
+        key = row_key_from_bytes(ns.digest(), raw)
+        pinned = why is SaveReason.AGENT_PREFIX
+        if key in self.catalog:
+            if pinned:
+                self.pin(key)
+            return
+        if not self.level.fits(len(payload)):
+            return
+        row = RowStats(key, len(payload), len(tokens), self.clock(), pinned=pinned, reason=why)
+        self.level.admit(row)
+        rows = {k: e.stats for k, e in self.catalog.entries.items()}
+        for victim in self.level.choose_victims(self.level.overflow(len(payload)), rows, self.clock()):
+            self.level.discard(rows[victim], evicted=True)
+            self.catalog.forget(victim)
+        self.catalog.add(key, ns.digest(), raw, row)
+        self.level.add(row, len(payload))
 
 
 def reference_replay(trace: Trace, policy: PolicySpec, size_bytes: int, bytes_per_token: int, *,
@@ -24,12 +79,11 @@ def reference_replay(trace: Trace, policy: PolicySpec, size_bytes: int, bytes_pe
                      cache_factory: Callable[..., Any] | None = None,
                      ) -> list[tuple[str, int]]:
     """(hit kind, prefill tokens saved) per request, following the engine's rules
-    (`Engine._start`, `_save_points`, `_finish`), written out the plain way. The cache is a
-    one-tier TieredCache, or `cache_factory(size_bytes, policy, clock)` (the same calls)."""
+    (`Engine._start`, `_save_points`, `_finish`), written out the plain way. The cache is
+    ``WholeRows``, or `cache_factory(size_bytes, policy, clock)` (the same calls)."""
     clock = [0.0]
     if cache_factory is None:
-        cache = TieredCache([RamTier("ram", size_bytes)], policy=policy, clock=lambda: clock[0],
-                            block_size=block_size)
+        cache: Any = WholeRows(size_bytes, policy, lambda: clock[0], block_size)
     else:
         cache = cache_factory(size_bytes, policy, lambda: clock[0])
     rule = SaveSettings(checkpoint_every if "checkpoint" in saves else None, checkpoint_min, checkpoint_max,

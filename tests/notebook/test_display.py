@@ -5,29 +5,41 @@ from __future__ import annotations
 
 import itertools
 import re
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import pytest
 
 import workbench as wb
-from workbench.cache import CacheNamespace, RamTier, TieredCache
+from workbench.cache import CacheNamespace
+from workbench.cache.chunk_format import chunk_file_size
+from workbench.cache.chunk_store import WHOLE_ROWS, ChunkStore
+from workbench.cache.chunk_tiers import ChunkTier
+from workbench.cache.chunked import ChunkedCache
 from workbench.notebook import display, views
 from workbench.notebook.commands import MODEL_COLUMNS, ROW_COLUMNS
+
+from .caches import put
 
 NS = CacheNamespace("ab" * 32)
 SIX_DECIMALS = re.compile(r"\d\.\d{5,}")   # 0.912399, 10.904823, 4029.301907
 RAW_UNIX_TIME = re.compile(r"1\.\d+e\+09|\b1[6-9]\d{8}\b")
 
 
-def unix_clock_cache() -> TieredCache:
-    """A cache whose clock is the unix time (as the engine's): 10.4 MiB, 1.5 MiB and 300 B rows."""
+ROW_BYTES = [10_904_823, 1_476_764, 300]     # each row's chunk: 10.4 MiB, 1.4 MiB, 300 B
+TOKENS = [list(range(500)), list(range(1000, 1064)), [1, 2]]
+
+
+def unix_clock_cache(root: Path) -> ChunkedCache:
+    """A cache whose clock is the unix time (as the engine's): RAM of 24 MiB over an unbounded
+    disk tier; rows of 10.4 MiB, 1.4 MiB and 300 B (each a whole-row chunk: its file's header
+    and tokens count)."""
     tick = itertools.count()
-    cache = TieredCache([RamTier("ram", 24 << 20), RamTier("disk", None)], policy="lru",
-                        clock=lambda: 1_796_286_123.25 + next(tick))
-    cache.put(NS, list(range(500)), b"x" * 10_904_823)
-    cache.put(NS, list(range(64)), b"y" * 1_476_764)
-    cache.put(NS, [1, 2], b"z" * 300)
+    tiers = [ChunkTier.memory("ram", 24 << 20, "lru"), ChunkTier.directory(root / "disk", "disk", None, "lru")]
+    cache = ChunkedCache(ChunkStore(tiers=tiers, chunk_size=WHOLE_ROWS, clock=lambda: 1_796_286_123.25 + next(tick)))
+    for tokens, size in zip(TOKENS, ROW_BYTES):
+        put(cache, NS, tokens, b"x" * (size - chunk_file_size(len(tokens), 0)))
     return cache
 
 
@@ -65,16 +77,16 @@ def test_shown_formats_each_kind_of_figure() -> None:
     assert df["acceptance"].tolist() == [1.0, 0.666667]  # the frame keeps its numbers
 
 
-def test_views_are_marked_and_derived_frames_keep_the_mark() -> None:
-    cache = unix_clock_cache()
+def test_views_are_marked_and_derived_frames_keep_the_mark(tmp_path: Path) -> None:
+    cache = unix_clock_cache(tmp_path)
     rows = views.cache_rows(cache)
     assert display.is_table(rows) and display.is_table(rows[["tier", "bytes"]].head(2))
     assert display.is_table(views.tiers(cache)) and not display.is_table(pd.DataFrame({"a": [1]}))
     assert rows["bytes"].dtype == "int64" and "e+09" in rows.to_string()  # print(df): the raw numbers
 
 
-def test_ipython_shows_a_view_with_units_and_other_frames_as_before(ip: Any) -> None:
-    cache = unix_clock_cache()
+def test_ipython_shows_a_view_with_units_and_other_frames_as_before(ip: Any, tmp_path: Path) -> None:
+    cache = unix_clock_cache(tmp_path)
     plain, html = plain_and_html(ip, views.tiers(cache)[["kind", "policy", "budget_bytes", "used_bytes", "occupancy"]])
     assert "24.0 MiB" in plain and "unbounded" in plain and "25165824" not in plain
     assert not SIX_DECIMALS.search(plain) and "white-space: nowrap" in html and "24.0 MiB" in html
@@ -85,8 +97,8 @@ def test_ipython_shows_a_view_with_units_and_other_frames_as_before(ip: Any) -> 
     assert plain == repr(other) and html == other._repr_html_()  # a user's own frame: pandas' view
 
 
-def test_wb_cache_shows_a_narrow_table_and_all_columns_on_request(ip: Any) -> None:
-    ip.user_ns["nbtest_cache"] = unix_clock_cache()
+def test_wb_cache_shows_a_narrow_table_and_all_columns_on_request(ip: Any, tmp_path: Path) -> None:
+    ip.user_ns["nbtest_cache"] = unix_clock_cache(tmp_path)
     narrow = ip.run_cell("%wb cache --cache nbtest_cache").result
     assert list(narrow.columns) == ROW_COLUMNS and narrow.index.name == "key"
     plain, html = plain_and_html(ip, narrow)
@@ -97,7 +109,7 @@ def test_wb_cache_shows_a_narrow_table_and_all_columns_on_request(ip: Any) -> No
     assert {"score", "created_at", "score_norm", "tiers", "MiB"} <= set(every.columns)
     plain, _ = plain_and_html(ip, every)
     assert not RAW_UNIX_TIME.search(plain) and not SIX_DECIMALS.search(plain)
-    assert every["bytes"].tolist() == [10_904_823, 1_476_764, 300]  # the numbers themselves, unchanged
+    assert every["bytes"].tolist() == ROW_BYTES  # the numbers themselves, unchanged
     plain, _ = plain_and_html(ip, ip.run_cell("%wb tiers --cache nbtest_cache").result)
     assert "24.0 MiB" in plain and "unbounded" in plain and not SIX_DECIMALS.search(plain)
 

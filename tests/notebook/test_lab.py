@@ -1,5 +1,5 @@
 """The eviction lab without a model: exact outcomes on hand-made traces, agreement with a
-real TieredCache replay (real token ids), libCacheSim's miss counts, user policies, speed."""
+plain whole-row replay (real token ids, reference.py), libCacheSim's miss counts, user policies, speed."""
 
 from __future__ import annotations
 
@@ -203,9 +203,9 @@ CASES = {
 
 @pytest.mark.parametrize("policy", ["lru", "lfu", "frecency", "gdsf", "s3fifo"])
 @pytest.mark.parametrize("workload", sorted(CASES))
-def test_same_outcomes_as_a_real_tiered_cache(workload: str, policy: str) -> None:
+def test_same_outcomes_as_the_plain_whole_row_replay(workload: str, policy: str) -> None:
     """Virtual tokens + SimCache give, request by request, the hit kind and saved prefill
-    of a TieredCache fed the real token ids (the slow reference in reference.py)."""
+    of whole rows fed the real token ids (the slow reference in reference.py)."""
     make, every = CASES[workload]
     trace = make()
     for size in (600, 2500):
@@ -216,7 +216,7 @@ def test_same_outcomes_as_a_real_tiered_cache(workload: str, policy: str) -> Non
 
 
 @pytest.mark.parametrize("workload", sorted(CASES))
-def test_checkpoint_band_agrees_with_a_real_tiered_cache(workload: str) -> None:
+def test_checkpoint_band_agrees_with_the_plain_whole_row_replay(workload: str) -> None:
     make, every = CASES[workload]
     trace = make()
     band = dict(checkpoint_min=every + 1, checkpoint_max=3 * every)  # the 2nd and 3rd checkpoints only

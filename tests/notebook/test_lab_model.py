@@ -58,12 +58,12 @@ def test_the_simulation_matches_the_real_engine_request_by_request(fresh_model: 
     token decoded again), not against a second copy of those rules."""
     trace = traces.rag_queries(10, seed=11, documents=6, doc_tokens=(40, 120), system_tokens=60,
                                query_tokens=(5, 15), reply_tokens=(4, 8))
-    # the lab's whole-row model against the engine in whole-row storage (chunk storage, the
-    # default, is compared with the lab's chunk model in tests/unit/test_lab_vs_store.py)
-    wb.configure_cache([{"kind": "ram", "budget_bytes": 4 << 30}], storage="rows")
+    # the lab's chunk model against the engine in chunk storage, both at their default chunk
+    # size (the store alone is compared with the chunk model in tests/unit/test_lab_vs_store.py)
+    wb.configure_cache([{"kind": "ram", "budget_bytes": 4 << 30}])
     try:
         df = lab.replay(trace, ["lru"], ["4GiB"], checkpoint_every=64, model=fresh_model, response_tokens=2,
-                        sessions=False, workers=1, chunk_size=None)
+                        sessions=False, workers=1)
     finally:
         wb.configure_cache([{"kind": "ram"}])
     per_request = df.attrs["requests"]

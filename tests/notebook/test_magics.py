@@ -13,11 +13,13 @@ from IPython.core.error import UsageError
 
 import workbench as wb
 from .conftest import magics_of
-from workbench.cache import CacheNamespace, RamTier, TieredCache
+from workbench.cache import CacheNamespace
 from workbench.engine.events import Token
 from workbench.engine.stream import Stream
 from workbench.notebook.magics import interpolate
 from workbench.notebook.views import history as views_history
+
+from .caches import put, row_bytes, whole_rows
 
 
 def usage_error(result: Any) -> str:
@@ -61,19 +63,20 @@ def test_load_errors_name_the_reason(ip: Any) -> None:
 
 def test_cache_commands_on_a_cache_variable(ip: Any, capsys: pytest.CaptureFixture[str]) -> None:
     tick = itertools.count()
-    cache = TieredCache([RamTier("ram", 1000)], policy="lru", clock=lambda: float(next(tick)))
+    cache = whole_rows(2000, "lru", lambda: float(next(tick)))
     ns = CacheNamespace("ab" * 32)
-    k1 = cache.put(ns, [1, 2, 3], b"x" * 300)
-    k2 = cache.put(ns, [4, 5], b"y" * 200)
+    k1 = put(cache, ns, [1, 2, 3], b"x" * 300)
+    k2 = put(cache, ns, [4, 5], b"y" * 200)
     ip.user_ns["nbtest_cache"] = cache
     rows = ip.run_cell("%wb cache --cache nbtest_cache").result
     assert list(rows.index) == [k1, k2]
-    assert ip.run_cell("%wb tiers --cache nbtest_cache").result.loc["ram", "used_bytes"] == 500
+    used = row_bytes(3, 300) + row_bytes(2, 200)   # chunk files and manifests
+    assert ip.run_cell("%wb tiers --cache nbtest_cache").result.loc["ram", "used_bytes"] == used
     ip.run_cell(f"%wb pin {k1[:10]} --cache nbtest_cache")
     assert f"pinned {k1[:10]}" in capsys.readouterr().out
     assert cache.rows()[0]["pinned"]
     ip.run_cell("%wb evict 100 --cache nbtest_cache")
-    assert "freed 200 B" in capsys.readouterr().out  # the unpinned row went, the pinned one stayed
+    assert f"freed {row_bytes(2, 200)} B" in capsys.readouterr().out  # the unpinned row went, the pinned one stayed
     assert list(cache.keys()) == [k1]
     assert "not a byte size" in usage_error(ip.run_cell("%wb evict lots --cache nbtest_cache"))
     assert "no cached row 'ffff'" in usage_error(ip.run_cell("%wb pin ffff --cache nbtest_cache"))
@@ -390,5 +393,6 @@ def test_cache_commands_on_a_chunked_cache_variable(ip: Any, capsys: pytest.Capt
     ip.run_cell("%wb evict 1 --cache nbtest_chunks")
     assert "freed" in capsys.readouterr().out and len(cache.chunk_rows()) == 3   # one leaf went
     assert "no chunk tier named 'nope'" in usage_error(ip.run_cell("%wb evict 1 --tier nope --cache nbtest_chunks"))
-    ip.user_ns["nbtest_rows"] = TieredCache([RamTier("ram", 1000)])
-    assert "storage='chunks'" in usage_error(ip.run_cell("%wb chunks --cache nbtest_rows"))
+    ip.user_ns["nbtest_rows"] = rows = whole_rows(10_000)
+    put(rows, ns, list(range(40)), b"kv" * 20)
+    assert len(ip.run_cell("%wb chunks --cache nbtest_rows").result) == 1   # whole rows: one chunk a row

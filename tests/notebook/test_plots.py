@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import itertools
-
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import pytest
 from matplotlib.figure import Figure
 
+from .caches import put, whole_rows
 from .test_widgets import done
-from workbench.cache import CacheNamespace, RamTier, TieredCache
+from workbench.cache import CacheNamespace
+from workbench.cache.chunk_format import chunk_file_size
+from workbench.cache.chunk_store import WHOLE_ROWS, ChunkStore
+from workbench.cache.chunk_tiers import ChunkTier
+from workbench.cache.chunked import ChunkedCache
 from workbench.engine.events import CompletionResult, Stats
 from workbench.notebook import plots, views
 from workbench.notebook.results import Result
@@ -68,16 +73,18 @@ def test_hit_kinds_over_time_from_results_and_frames() -> None:
     assert top_edges(plots.hit_kinds_over_time(frame, window=2).axes[0]) == [[1, .5, 0], [1, 1, 1]]
 
 
-def test_tier_occupancy_shows_percent_full() -> None:
+def test_tier_occupancy_shows_percent_full(tmp_path: Path) -> None:
     tick = itertools.count()
-    cache = TieredCache([RamTier("ram", 1000), RamTier("big", None)], clock=lambda: float(next(tick)))
-    cache.put(CacheNamespace("ab" * 32), [1, 2], b"x" * 250)
+    tiers = [ChunkTier.memory("ram", 1000, "lru"), ChunkTier.directory(tmp_path / "big", "big", None, "lru")]
+    cache = ChunkedCache(ChunkStore(tiers=tiers, chunk_size=WHOLE_ROWS, clock=lambda: float(next(tick))))
+    put(cache, CacheNamespace("ab" * 32), [1, 2], b"x" * (250 - chunk_file_size(2, 0)))   # a RAM copy of 250 B
     fig = plots.tier_occupancy(cache)
     ax = fig.axes[0]
     assert [t.get_text() for t in ax.get_yticklabels()] == ["big", "ram"]  # fastest on top
     widths = [p.get_width() for p in ax.patches]
     assert widths == [0, 100, 0, 25]  # the budgets (big has none), then the use: ram 25% full
-    assert [t.get_text().strip() for t in ax.texts] == ["0 B / unbounded", "25%: 250 B / 1000 B"]
+    big = f"{views.tiers(cache).loc['big', 'used_bytes']} B"   # the chunk and the row's manifest
+    assert [t.get_text().strip() for t in ax.texts] == [f"{big} / unbounded", "25%: 250 B / 1000 B"]
     assert views.tiers(cache).loc["ram", "percent_full"] == 25
 
 
@@ -138,7 +145,6 @@ def test_chunk_storage_shows_shared_bytes_by_tier() -> None:
     from workbench.cache import keys
     from workbench.cache.chunk_store import ChunkStore
     from workbench.cache.chunked import ChunkedCache
-    from workbench.errors import InvalidOption
 
     cache = ChunkedCache(ChunkStore(None, None, chunk_size=16))
     ns = CacheNamespace("ab" * 32)
@@ -156,8 +162,9 @@ def test_chunk_storage_shows_shared_bytes_by_tier() -> None:
     assert ax.get_xlim()[1] > (shared + own) / scale      # room for the label after the bar
     whole = shared * 2 + own
     assert f"{1.0 * whole / (shared + own):.1f}x" in ax.get_title() and "2 rows" in ax.get_title()
-    with pytest.raises(InvalidOption, match="storage='chunks'"):
-        plots.chunk_storage(TieredCache([RamTier("ram", 1000)]))
+    rows = whole_rows(10_000)                               # whole rows: a chunk each, none shared
+    put(rows, CacheNamespace("ab" * 32), [1, 2, 3], b"kv" * 50)
+    assert [p.get_width() for p in plots.chunk_storage(rows).axes[0].patches][0] == 0
 
 
 def test_miss_ratio_curves_fit_the_axis_to_the_data() -> None:

@@ -4,30 +4,39 @@ hook to the engine's cache."""
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import pandas as pd
 import pytest
 
 import workbench as wb
-from workbench.cache import CacheNamespace, RamTier, TieredCache
+from workbench.cache import CacheNamespace
+from workbench.cache.chunk_format import chunk_file_size
+from workbench.cache.chunk_store import WHOLE_ROWS, ChunkStore
+from workbench.cache.chunk_tiers import ChunkTier
 from workbench.cache.chunked import ChunkedCache
 from workbench.notebook import views
+
+from .caches import hit, put, whole_rows
 
 NS = CacheNamespace("ab" * 32)
 
 
-def hand_made_cache() -> TieredCache:
+def hand_made_cache(root: Path) -> ChunkedCache:
+    """Whole rows: a RAM tier of 1000 bytes (copies) over a directory "slow"; three rows, the
+    last pinned, the first read once."""
     tick = itertools.count()
-    cache = TieredCache([RamTier("ram", 1000), RamTier("slow", None)], policy="lru", clock=lambda: float(next(tick)))
-    cache.put(NS, [1, 2, 3], b"x" * 40)
-    cache.put(NS, [1, 2, 3, 4], b"y" * 50)
-    cache.put(NS, [7, 8], b"z" * 30, "agent_prefix")  # pinned
-    cache.get(cache.lookup(NS, [1, 2, 3]).key)  # type: ignore[union-attr]
+    tiers = [ChunkTier.memory("ram", 1000, "lru"), ChunkTier.directory(root / "slow", "slow", None, "lru")]
+    cache = ChunkedCache(ChunkStore(tiers=tiers, chunk_size=WHOLE_ROWS, clock=lambda: float(next(tick))))
+    put(cache, NS, [1, 2, 3], b"x" * 40)
+    put(cache, NS, [4, 5, 6, 7], b"y" * 50)
+    put(cache, NS, [7, 8], b"z" * 30, "agent_prefix")  # pinned
+    hit(cache, NS, [1, 2, 3])
     return cache
 
 
-def test_cache_rows_dtypes_and_eviction_order() -> None:
-    df = views.cache_rows(hand_made_cache())
+def test_cache_rows_dtypes_and_eviction_order(tmp_path: Path) -> None:
+    df = views.cache_rows(hand_made_cache(tmp_path))
     assert df.index.name == "key" and len(df) == 3
     expected = {"n_tokens": "int64", "bytes": "int64", "hits": "int64", "pinned": "bool", "live": "bool",
                 "score": "float64", "created_at": "float64", "last_hit_at": "float64"}
@@ -40,12 +49,12 @@ def test_cache_rows_dtypes_and_eviction_order() -> None:
     assert df["reason"].iloc[-1] == "agent_prefix"
 
 
-def unix_time_cache(policy: str) -> TieredCache:
+def unix_time_cache(policy: str) -> ChunkedCache:
     """Rows saved one second apart at unix time ~1.8e9: raw lru/frecency scores alike."""
     now = [1.8e9]
-    cache = TieredCache([RamTier("ram", None)], policy=policy, clock=lambda: now[0])
+    cache = whole_rows(None, policy, lambda: now[0])
     for n in range(2, 6):
-        cache.put(NS, list(range(n)), b"x" * (n << 20))
+        put(cache, NS, [n] * n, b"x" * (n << 20))
         now[0] += 1
     return cache
 
@@ -58,27 +67,28 @@ def test_cache_rows_can_be_ranked_by_eye(policy: str) -> None:
     assert list(df["score_norm"]) == pytest.approx([0, 1 / 3, 2 / 3, 1])
     # ages to the snapshot's clock reading, taken one second after the last save
     assert list(df["age_s"]) == list(df["idle_s"]) == [4.0, 3.0, 2.0, 1.0]
-    assert list(df["MiB"]) == [2.0, 3.0, 4.0, 5.0] and list(df["bytes"]) == [n << 20 for n in range(2, 6)]
+    assert list(df["bytes"]) == [chunk_file_size(n, n << 20) for n in range(2, 6)]   # the row's chunk
+    assert list(df["MiB"]) == [b / 2**20 for b in df["bytes"]]
 
 
-def test_rank_counts_within_each_tier_and_protected_rows_last() -> None:
-    df = views.cache_rows(hand_made_cache())
-    assert list(df["rank"]) == [1, 2, 3] and list(df["tiers"]) == [["ram"]] * 3
+def test_rank_counts_within_each_tier_and_protected_rows_last(tmp_path: Path) -> None:
+    df = views.cache_rows(hand_made_cache(tmp_path))
+    assert list(df["rank"]) == [1, 2, 3] and list(df["tiers"]) == [["ram", "slow"]] * 3
     assert df["score_norm"].between(0, 1).all()
     assert df.loc[df["rank"] == 1, "score_norm"].item() == 0.0
     # the row just hit is the latest use: idle for the one clock tick up to the snapshot
     idle = df["idle_s"]
     assert df.loc[df["hits"] == 1, "idle_s"].item() == idle.min() == 1.0
-    cache = hand_made_cache()
+    cache = hand_made_cache(tmp_path / "again")
     key = views.cache_rows(cache).index[0]
-    cache.evict_bytes(50, "ram")  # demotes the next victim to "slow"
+    cache.evict_bytes(1, "ram")  # drops the next victim's RAM copy: "slow" holds it
     moved = views.cache_rows(cache)
     assert moved.loc[key, "tier"] == "slow" and moved.loc[key, "rank"] == 1
     assert list(moved.loc[moved["tier"] == "ram", "rank"]) == [1, 2]
 
 
-def test_tiers_occupancy() -> None:
-    df = views.tiers(hand_made_cache())
+def test_tiers_occupancy(tmp_path: Path) -> None:
+    df = views.tiers(hand_made_cache(tmp_path))
     assert list(df.index) == ["ram", "slow"]
     assert df.loc["ram", "budget_bytes"] == 1000 and pd.isna(df.loc["slow", "budget_bytes"])
     assert df.loc["ram", "occupancy"] == pytest.approx(df.loc["ram", "used_bytes"] / 1000)
@@ -88,13 +98,14 @@ def test_tiers_occupancy() -> None:
     assert str(df["budget_bytes"].dtype) == "Int64" and df["used_bytes"].dtype == "int64"
 
 
-def test_style_shows_units_and_short_keys() -> None:
-    cache = hand_made_cache()
+def test_style_shows_units_and_short_keys(tmp_path: Path) -> None:
+    cache = hand_made_cache(tmp_path)
     tiers = views.style(views.tiers(cache)).to_string()
-    assert "1000 B" in tiers and "unbounded" in tiers and "12.0%" in tiers  # 120 of 1000 bytes
+    copies = sum(chunk_file_size(n, p) for n, p in ((3, 40), (4, 50), (2, 30)))   # the RAM copies
+    assert "1000 B" in tiers and "unbounded" in tiers and f"{copies / 10:.1f}%" in tiers
     rows = views.cache_rows(cache)
     text = views.style(rows).to_string()
-    assert "50 B" in text and rows.index[0][:12] in text and rows.index[0] not in text
+    assert f"{chunk_file_size(4, 50)} B" in text and rows.index[0][:12] in text and rows.index[0] not in text
     assert rows["bytes"].dtype == "int64"  # the frame keeps its numbers
 
 
@@ -123,11 +134,11 @@ def test_models_give_the_parameter_count_in_words(monkeypatch: pytest.MonkeyPatc
     assert df["n_params"].tolist() == [134_515_008, 1_543_714_304]
 
 
-def test_counters_with_and_without_a_cache() -> None:
+def test_counters_with_and_without_a_cache(tmp_path: Path) -> None:
     df = views.counters()
     assert df.index.names == ["source", "name"] and df["value"].dtype == "int64"
     assert set(df.index.get_level_values("source")) <= {"engine"}
-    both = views.counters(hand_made_cache())
+    both = views.counters(hand_made_cache(tmp_path))
     assert both.loc[("cache", "get_hits"), "value"] == 1
     assert both.loc[("cache", "rows"), "value"] == 3
 
@@ -142,7 +153,7 @@ def test_empty_views_keep_their_dtypes(monkeypatch: pytest.MonkeyPatch) -> None:
     assert req["prompt_tokens"].dtype == "int64"
     assert len(views.models()) == 0 and views.models().index.name == "model_id"
     assert views.models()["params"].dtype == "string"
-    rows = views.cache_rows(TieredCache([RamTier("ram", 1000)]))
+    rows = views.cache_rows(whole_rows(1000))
     assert len(rows) == 0 and str(rows["rank"].dtype) == "Int64"
     assert rows["score_norm"].dtype == rows["MiB"].dtype == rows["age_s"].dtype == "float64"
 
@@ -151,7 +162,7 @@ def test_resolve_cache_errors(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(wb, "list_models", lambda: [])
     with pytest.raises(wb.errors.InvalidOption, match="0 models are loaded"):
         views.cache_rows()
-    with pytest.raises(wb.errors.InvalidOption, match="a prefix cache .a TieredCache or ChunkedCache. or a model id"):
+    with pytest.raises(wb.errors.InvalidOption, match="a prefix cache .workbench.cache.PrefixCache. or a model id"):
         views.cache_rows(42)  # type: ignore[arg-type]
     with pytest.raises(wb.errors.NotLoaded):
         views.cache_rows("no-such-model")

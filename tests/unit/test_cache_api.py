@@ -9,4 +9,5 @@ def test_public_api_is_exported() -> None:
     cache = importlib.import_module("workbench.cache")
     missing = [name for name in cache.__all__ if not hasattr(cache, name)]
     assert not missing
-    assert cache.TieredCache.__module__ == "workbench.cache.tiered"
+    assert cache.PrefixCache.__module__ == "workbench.cache.interface"
+    assert not hasattr(cache, "TieredCache")  # one storage (issue 26)

@@ -16,8 +16,8 @@ from crash_kills import kill_at_random, tmp_files
 from workbench.cache import chunk_format, keys
 from workbench.cache.chunk_format import CHUNK_SUFFIX, MANIFEST_SUFFIX, chunk_file_size
 from workbench.cache.chunk_store import ChunkStore
-from workbench.cache.format import CorruptRow, RowMeta
-from workbench.cache.store import publish_row
+from workbench.cache.format import CorruptRow
+from workbench.cache.store import ROW_SUFFIX
 from workbench.cache.types import SaveReason
 
 NS = bytes(range(32))
@@ -108,7 +108,9 @@ def test_scan_adopts_verified_rows_rejects_old_versions_and_collects_orphans(tmp
     put(store, a)
     put(store, list(range(30, 40)))
     # a version-1 row file, a manifest whose chunk is gone, an orphan chain, a torn chunk
-    publish_row(root, RowMeta(keys.row_key(NS, [1, 2]), NS, FP, keys.token_bytes([1, 2])), b"x" * 10)
+    # (what earlier releases wrote: magic WBKVROW, version 1, 160-byte header, tokens, payload)
+    (root / (keys.row_key(NS, [1, 2]) + ROW_SUFFIX)).write_bytes(
+        b"WBKVROW\x00" + (1).to_bytes(2, "little") + bytes(150) + keys.token_bytes([1, 2]) + b"x" * 10)
     store._chunk_path(keys.chunk_keys(NS, list(range(30, 40)), CS)[0]).unlink()
     torn = root / ("ab" * 16 + CHUNK_SUFFIX)
     torn.write_bytes(b"WBKVCHN\x00" + chunk_format.VERSION.to_bytes(2, "little") + bytes(20))

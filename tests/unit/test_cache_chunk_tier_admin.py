@@ -144,14 +144,16 @@ def test_removing_the_last_tier_rehomes_manifests_and_purge_deletes_its_files(tm
     assert len(wb.cache_rows()) == len(ROWS) and all(served(t) for t in ROWS)
 
 
-def test_a_directory_tier_without_a_root_gets_one_beside_the_row_tiers(tmp_path, monkeypatch):
+def test_a_directory_tier_without_a_root_gets_the_chunk_directory_in_both_storages(tmp_path, monkeypatch):
+    """Its default is beside, never inside, the directory version 1 row files were kept in
+    (a chunk directory's scan deletes row files); whole rows use the same directory, so a
+    cache switched between the storages adopts what the other saved."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     info = wb.configure_cache([{"kind": "disk"}], chunk_size=CS)
     root = Path(info["tiers"][0]["root"])
     assert root == default_root("disk", "disk") and root.parent.name == "kv-chunks"
     assert tmp_path / "xdg" in root.parents
-    rows_root = Path(wb.configure_cache([{"kind": "disk"}], storage="rows")["tiers"][0]["root"])
-    assert rows_root != root and root not in rows_root.parents and rows_root not in root.parents
+    assert Path(wb.configure_cache([{"kind": "disk"}], storage="rows")["tiers"][0]["root"]) == root
 
 
 def test_cache_info_names_the_storage_in_both():
@@ -171,3 +173,29 @@ def test_a_chain_shorter_than_a_row_worth_keeping_is_a_miss():
     assert hit is not None and hit.key is None and hit.n_tokens == 20
     counters = c.counters()
     assert (counters["misses_cold"], counters["hits_partial"]) == (1, 1)
+
+
+def test_a_directory_saved_in_one_storage_is_adopted_by_the_other(tmp_path):
+    """Chunks are content-addressed whatever the chunk size: a cache switched from chunks of
+    16 to whole rows over the same directory (or back) adopts and serves every row."""
+    from workbench.cache.chunk_store import WHOLE_ROWS, ChunkStore
+
+    fp, root = bytes(32), tmp_path / "d"
+
+    def put(store: ChunkStore, tokens: list[int]) -> None:
+        plan = store.plan(NS.digest(), tokens)
+        assert store.put_row(NS.digest(), fp, tokens, [k * 40 for k in plan.keys[plan.first:]])
+
+    rows = {16: ROWS[:2], WHOLE_ROWS: ROWS[2:]}
+    for size in (16, WHOLE_ROWS):
+        store = ChunkStore(root, chunk_size=size)
+        store.scan()
+        for t in rows[size]:
+            put(store, t)
+    for size in (16, WHOLE_ROWS):
+        fresh = ChunkStore(root, chunk_size=size)
+        assert fresh.scan() == {}
+        assert sorted(fresh.rows) == sorted(keys.row_key(NS.digest(), t) for t in ROWS)
+        for t in ROWS:
+            m, served_by, got = fresh.read_row(keys.row_key(NS.digest(), t))
+            assert m.n_tokens == len(t) and got == [k * 40 for k in served_by]

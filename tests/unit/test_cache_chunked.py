@@ -139,9 +139,11 @@ def test_configure_cache_validates_the_storage_options(tmp_path):
         assert views.cache_chunks(ChunkedCache(ChunkStore(None, chunk_size=16))).empty
         with pytest.raises(InvalidOption, match="kind"):   # one tier of each kind
             wb.add_tier("ram", name="r2")
-        wb.configure_cache([{"kind": "ram"}], storage="rows")
-        with pytest.raises(InvalidOption, match="storage"):
-            wb.cache_chunks()
+        with pytest.raises(InvalidOption, match="chunk_size"):   # whole rows take no chunk size
+            wb.configure_cache([{"kind": "ram"}], storage="rows", chunk_size=64)
+        info = wb.configure_cache([{"kind": "ram"}], storage="rows")
+        assert (info["storage"], info["chunk_size"]) == ("rows", None)
+        assert wb.cache_chunks() == []
     finally:
         wb.configure_cache([{"kind": "ram"}])
 
@@ -168,7 +170,7 @@ def test_a_live_mark_taken_off_while_the_save_is_queued_holds_when_it_lands(tmp_
 
 
 def test_rows_are_one_snapshot_with_now_and_seq(tmp_path):
-    """As TieredCache.rows(): one clock reading for every row and the view's ages from it."""
+    """One clock reading for every row and the view's ages from it."""
     readings = []
 
     def clock() -> float:

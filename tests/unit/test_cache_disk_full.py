@@ -16,14 +16,10 @@ from workbench.cache import chunk_backends, keys, store
 from workbench.cache.chunk_format import chunk_file_size, manifest_size
 from workbench.cache.chunk_store import ChunkStore
 from workbench.cache.chunk_tiers import ChunkTier
-from workbench.cache.format import row_size
 from workbench.cache.keys import CacheNamespace
-from workbench.cache.tiered import TieredCache
-from workbench.cache.tiers import DiskTier, RamTier
 
 NS = CacheNamespace("ab" * 32)
 PAYLOAD = 1000
-ROW = row_size(3, PAYLOAD)
 CS = 4
 CHUNK = chunk_file_size(CS, PAYLOAD)
 CHUNK_ROW = 2 * CHUNK + manifest_size(2 * CS, 2)   # a row of two full chunks and its manifest
@@ -49,39 +45,7 @@ class SmallDisk:
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(final))
             real(root, final, stem, parts)
 
-        monkeypatch.setattr(store, "publish_file", publish)            # rows
         monkeypatch.setattr(chunk_backends, "publish_file", publish)   # chunks and manifests
-
-
-def row_tokens(i: int) -> list[int]:
-    return [i, i + 1000, i + 2000]
-
-
-def test_rows_on_a_full_disk_evict_the_oldest_and_later_saves_evict_before_writing(tmp_path, monkeypatch):
-    root = tmp_path / "disk"
-    cache = TieredCache([DiskTier("disk", root, 20 * ROW)])         # a budget of 20 rows ...
-    disk = SmallDisk(monkeypatch, {root: 5 * ROW + ROW // 2})         # ... on a disk that holds 5
-    saved = [cache.put(NS, row_tokens(i), bytes([i]) * PAYLOAD) for i in range(12)]
-    assert all(k is not None for k in saved)
-    counters = cache.counters()
-    assert counters.get("saves_failed", 0) == 0 and counters["full_disk"] == 1
-    assert [k in cache for k in saved] == [False] * 7 + [True] * 5    # lru: the oldest went
-    assert disk.refused == 1         # after the first ENOSPC the tier's limit is what fitted
-    [tier] = cache.list_tiers()
-    assert tier["full_at_bytes"] == 5 * ROW and tier["budget_bytes"] == 20 * ROW
-    assert du(root) == tier["used_bytes"] == 5 * ROW
-    assert all(cache.get(k) == bytes([i]) * PAYLOAD for i, k in enumerate(saved) if k in cache)
-
-
-def test_rows_demoted_onto_a_full_disk_make_room_there(tmp_path, monkeypatch):
-    root = tmp_path / "disk"
-    cache = TieredCache([RamTier("ram", 2 * PAYLOAD), DiskTier("disk", root, 20 * ROW)])
-    disk = SmallDisk(monkeypatch, {root: 4 * ROW})
-    saved = [cache.put(NS, row_tokens(i), bytes([i]) * PAYLOAD) for i in range(12)]
-    assert all(k is not None for k in saved)
-    assert cache.counters().get("saves_failed", 0) == 0 and disk.refused == 1
-    assert [k in cache for k in saved] == [False] * 6 + [True] * 6    # 4 on disk, 2 in RAM
-    assert du(root) == 4 * ROW
 
 
 def chunk_row(i: int) -> list[int]:

@@ -1,8 +1,9 @@
 """Durability of the publish path: the fsyncs and their order, and a simulated power loss.
 
-kill -9 never loses the page cache, so the SIGKILL tests cannot tell whether a row file
-was fsynced. These tests can: one records the system calls of `store.publish_row` and
-checks fsync(tmp) -> link (or rename) -> fsync(directory); the other replays the writes of
+kill -9 never loses the page cache, so the SIGKILL tests cannot tell whether a chunk or a
+manifest was fsynced. These tests can: one records the system calls of `store.publish_file`
+under a row's put (its chunk, then its manifest) and checks fsync(tmp) -> link (or rename)
+-> fsync(directory) for each file; the other replays the writes of
 a series of puts through a model of a disk that keeps only what was fsynced (file data at
 its file's last fsync, directory entries at their directory's last fsync), cuts the power
 after every single call in turn, and restarts a cache on what survived. After every cut,
@@ -20,9 +21,10 @@ from pathlib import Path
 import pytest
 
 from workbench.cache import store
+from workbench.cache.chunk_format import CHUNK_SUFFIX, MANIFEST_SUFFIX
+from workbench.cache.chunk_store import WHOLE_ROWS, ChunkStore
+from workbench.cache.format import CorruptRow
 from workbench.cache.keys import CacheNamespace, row_key
-from workbench.cache.tiered import TieredCache
-from workbench.cache.tiers import DiskTier
 
 NS = CacheNamespace("ef" * 32)
 WATCHED = ("open", "write", "fsync", "close", "link", "rename", "unlink")
@@ -92,21 +94,34 @@ def tokens_for(n: int) -> list[int]:
     return list(range(n, n + 5 + n % 7))
 
 
+def put(root: Path, tokens: list[int], payload: bytes) -> str | None:
+    """A whole-row put into a store over ``root`` (its one chunk, then its manifest)."""
+    return ChunkStore(root, None, chunk_size=WHOLE_ROWS).put_row(NS.digest(), NS.fingerprint_bytes, tokens, [payload])
+
+
+def published(disk: Disk, how: str) -> list[tuple[str, str]]:
+    """(tmp name, final name) of each file published with ``how`` ('link' or 'rename')."""
+    return [args for name, args in disk.calls if name == how and ".tmp." in args[0]]
+
+
+def assert_synced_around(disk: Disk, tmp: str, publish_at: int, root: Path) -> None:
+    """Its data fsynced before it gets its name, the directory fsynced after."""
+    writes = [i for i, (name, args) in enumerate(disk.calls) if name == "write" and args[0] == tmp]
+    sync_tmp = disk.calls.index(("fsync", (tmp,)))
+    sync_dir = next(i for i, c in enumerate(disk.calls) if c == ("fsync", (os.fspath(root),)) and i > publish_at)
+    assert writes and max(writes) < sync_tmp < publish_at < sync_dir, disk.calls
+    unlink = next(i for i, (name, args) in enumerate(disk.calls) if name == "unlink" and args[0] == tmp)
+    assert unlink < sync_dir  # the tmp name's removal is made durable too
+
+
 def test_publish_fsyncs_the_file_then_links_then_fsyncs_the_directory(tmp_path: Path, monkeypatch) -> None:
     disk = Disk()
     monkeypatch.setattr(store, "os", disk.proxy())
-    cache = TieredCache([DiskTier("disk", tmp_path, None)])
-    key = cache.put(NS, [1, 2, 3], b"kv" * 500)
-    names = [name for name, _ in disk.calls]
-    final = os.fspath(store.row_path(tmp_path, key))  # type: ignore[arg-type]
-    tmp = next(args[0] for name, args in disk.calls if name == "open" and ".tmp." in args[0])
-    sync_tmp = disk.calls.index(("fsync", (tmp,)))
-    link = names.index("link")
-    assert disk.calls[link][1] == (tmp, final)
-    sync_dir = disk.calls.index(("fsync", (os.fspath(tmp_path),)))
-    writes = [i for i, (name, args) in enumerate(disk.calls) if name == "write" and args[0] == tmp]
-    assert writes and max(writes) < sync_tmp < link < sync_dir, disk.calls
-    assert names.index("unlink") < sync_dir  # the tmp name's removal is made durable too
+    assert put(tmp_path, [1, 2, 3], b"kv" * 500) is not None
+    files = published(disk, "link")
+    assert [Path(final).suffix for _, final in files] == [CHUNK_SUFFIX, MANIFEST_SUFFIX]
+    for tmp, final in files:
+        assert_synced_around(disk, tmp, disk.calls.index(("link", (tmp, final))), tmp_path)
 
 
 def test_the_rename_fallback_keeps_the_same_order(tmp_path: Path, monkeypatch) -> None:
@@ -118,11 +133,11 @@ def test_the_rename_fallback_keeps_the_same_order(tmp_path: Path, monkeypatch) -
 
     proxy.link = no_links
     monkeypatch.setattr(store, "os", proxy)
-    key = TieredCache([DiskTier("disk", tmp_path, None)]).put(NS, [4, 5], b"kv" * 100)
-    final = os.fspath(store.row_path(tmp_path, key))  # type: ignore[arg-type]
-    renames = [i for i, (name, args) in enumerate(disk.calls) if name == "rename" and args[1] == final]
-    tmp = disk.calls[renames[0]][1][0]
-    assert disk.calls.index(("fsync", (tmp,))) < renames[0] < disk.calls.index(("fsync", (os.fspath(tmp_path),)))
+    assert put(tmp_path, [4, 5], b"kv" * 100) is not None
+    files = published(disk, "rename")
+    assert [Path(final).suffix for _, final in files] == [CHUNK_SUFFIX, MANIFEST_SUFFIX]
+    for tmp, final in files:
+        assert_synced_around(disk, tmp, disk.calls.index(("rename", (tmp, final))), tmp_path)
 
 
 EXPECTED = {row_key(NS.digest(), tokens_for(n)): n for n in range(8)}
@@ -134,16 +149,26 @@ def run_until_cut(root: Path, cut_at: int | None, monkeypatch: pytest.MonkeyPatc
     disk = Disk(cut_at)
     with monkeypatch.context() as m:
         m.setattr(store, "os", disk.proxy())
-        cache = TieredCache([DiskTier("disk", root, None)], policy="lru")
+        cache = ChunkStore(root, None, chunk_size=WHOLE_ROWS)
         acknowledged: dict[str, int] = {}
         try:
             for n in (0, 1, 2, 3, 4, 5, 5, 6, 7):
-                key = cache.put(NS, tokens_for(n), payload_for(n))
+                key = cache.put_row(NS.digest(), NS.fingerprint_bytes, tokens_for(n), [payload_for(n)])
                 assert key is not None
                 acknowledged[key] = n
         except PowerCut:
             pass
     return disk, acknowledged
+
+
+def read(cache: ChunkStore, key: str) -> bytes | None:
+    """The row's payload as a restore gets it (its one chunk, verified); None when it is not
+    served."""
+    try:
+        _, _, pieces = cache.read_row(key)
+    except (KeyError, CorruptRow):
+        return None
+    return b"".join(pieces)
 
 
 def test_after_a_power_cut_at_any_call_no_corrupt_row_is_served_and_no_acknowledged_row_lost(
@@ -156,14 +181,14 @@ def test_after_a_power_cut_at_any_call_no_corrupt_row_is_served_and_no_acknowled
     for cut in range(n_calls + 1):
         disk, acknowledged = run_until_cut(tmp_path / f"run{cut}", cut, monkeypatch)
         survived = disk.after_power_loss(tmp_path / f"run{cut}", tmp_path / f"after{cut}")
-        cache = TieredCache([DiskTier("disk", survived, None)])
+        cache = ChunkStore(survived, None, chunk_size=WHOLE_ROWS)
         cache.scan()
-        for key in cache.keys():
-            payload = cache.get(key)
+        for key in list(cache.rows):
+            payload = read(cache, key)
             if payload is not None and (key not in EXPECTED or payload != payload_for(EXPECTED[key])):
                 served_corrupt += 1
         for key, n in acknowledged.items():
-            if cache.get(key) != payload_for(n):
+            if read(cache, key) != payload_for(n):
                 lost += 1
     assert served_corrupt == 0
     assert lost == 0, f"{lost} acknowledged rows lost over {n_calls + 1} power cuts"

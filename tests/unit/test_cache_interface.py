@@ -1,5 +1,6 @@
 """One prefix-cache interface (issue 26): outside workbench/cache nothing asks which storage
-it holds with ``isinstance`` on an implementation; every storage implements PrefixCache.
+it holds with ``isinstance`` on an implementation; both storages are the one PrefixCache
+implementation (whole rows: chunks of WHOLE_ROWS).
 
 The check reads the sources (no import runs): an ``isinstance(x, C)`` (C a name, a dotted
 name or a tuple of them) outside workbench/cache/ whose C names a class that implements
@@ -14,9 +15,9 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from workbench.cache import PrefixCache, RamTier, TieredCache
+from workbench.cache import PrefixCache, RamTier
+from workbench.cache.chunk_store import WHOLE_ROWS, ChunkStore
 from workbench.cache.chunked import chunked_cache
-from workbench.cache.chunk_store import ChunkStore
 
 ROOT = Path(__file__).resolve().parents[2]
 CACHE_DIR = ROOT / "workbench" / "cache"
@@ -74,16 +75,16 @@ def test_the_check_finds_one_planted(tmp_path: Path) -> None:
     assert storage_checks(pkg, storage_classes(), skip=None) == ["workbench/views.py:3: isinstance(.., ChunkedCache)"]
 
 
-def test_both_storages_implement_the_interface() -> None:
-    rows = TieredCache([RamTier("ram", 1 << 20)])
+def test_both_storages_are_the_one_implementation() -> None:
+    assert [c.__name__ for c in PrefixCache.__subclasses__()] == ["ChunkedCache"]
+    rows = chunked_cache([(RamTier("ram", 1 << 20), None)], "lru", WHOLE_ROWS)
     chunks = chunked_cache([(RamTier("ram", 1 << 20), None)], "lru", 64)
     try:
-        for cache, storage in ((rows, "rows"), (chunks, "chunks")):
+        for cache, storage, size in ((rows, "rows", None), (chunks, "chunks", 64)):
             assert isinstance(cache, PrefixCache)
-            assert cache.storage == storage == cache.info()["storage"]
-        assert rows.chunk_rows() is None and chunks.chunk_rows() == []
-        assert rows.tier_spec({"kind": "disk"}) == {"kind": "disk"}
-        assert chunks.tier_spec({"kind": "disk"})["root"]  # chunk storage's default directory
+            assert (cache.storage, cache.info()["storage"], cache.info()["chunk_size"]) == (storage, storage, size)
+            assert cache.chunk_rows() == []
+            assert cache.tier_spec({"kind": "disk"})["root"]  # the chunk directory's default
     finally:
         rows.close()
         chunks.close()

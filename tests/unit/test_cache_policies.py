@@ -1,4 +1,12 @@
-"""Exact eviction order per policy on small hand-made sequences, pins and live rows."""
+"""Exact eviction order per policy on small hand-made sequences, pins and live rows, through
+the cache itself: one memory tier in whole rows (each row one chunk of its own), rows named
+by letters.
+
+A row costs its chunk's and its manifest's bytes (the store counts file sizes, in memory
+too); payloads of PAYLOAD bytes make the manifest small beside the chunk, so a budget of
+``n`` rows (``budget_rows``) holds n rows and S3-FIFO's queues, shares of the budget in
+bytes, hold the rows the algorithm's description counts.
+"""
 
 from __future__ import annotations
 
@@ -6,14 +14,21 @@ import math
 
 import pytest
 
+from workbench.cache.chunk_format import chunk_file_size, manifest_size
+from workbench.cache.chunk_store import WHOLE_ROWS, ChunkStore
+from workbench.cache.chunked import ChunkedCache
 from workbench.cache.keys import CacheNamespace
 from workbench.cache.policies import GDSF, LFU, LRU, POLICIES, Frecency, FunctionPolicy, get_policy
 from workbench.cache.s3fifo import S3FIFO
-from workbench.cache.tiered import TieredCache
-from workbench.cache.tiers import RamTier
 from workbench.cache.types import RowStats
 
 NS = CacheNamespace("ab" * 32)
+PAYLOAD = 100_000
+
+
+def row_bytes(n_tokens: int = 1, payload: int = PAYLOAD) -> int:
+    """What a one-chunk row costs the tier: its chunk file and its manifest."""
+    return chunk_file_size(n_tokens, payload) + manifest_size(n_tokens, 1)
 
 
 class Clock:
@@ -25,30 +40,36 @@ class Clock:
 
 
 class Harness:
-    """A one-tier cache whose rows are named by letters."""
+    """A one-tier cache in whole rows whose rows are named by letters."""
 
-    def __init__(self, policy: object, budget: int = 1 << 20) -> None:
+    def __init__(self, policy: object, budget_rows: int | None = None) -> None:
         self.clock = Clock()
-        tier = RamTier("ram", budget)
-        self.cache = TieredCache([(tier, policy)], clock=self.clock)  # type: ignore[list-item]
+        budget = None if budget_rows is None else budget_rows * row_bytes()
+        self.store = ChunkStore(None, budget, chunk_size=WHOLE_ROWS, policy=policy, clock=self.clock)
+        self.cache = ChunkedCache(self.store)
         self.keys: dict[str, str] = {}
 
-    def put(self, name: str, t: float | None = None, size: int = 1, n_tokens: int = 1) -> None:
+    def put(self, name: str, t: float | None = None, size: int = PAYLOAD, n_tokens: int = 1) -> None:
         if t is not None:
             self.clock.t = t
         tokens = [ord(name)] * n_tokens
-        key = self.cache.put(NS, tokens, b"x" * size)
+        key = self.cache.put(NS, tokens, [b"x" * size])
         assert key is not None
         self.keys[name] = key
 
     def get(self, name: str, t: float | None = None) -> None:
         if t is not None:
             self.clock.t = t
-        assert self.cache.get(self.keys[name]) is not None
+        self.store.read_row(self.keys[name])
 
     def names(self) -> list[str]:
         by_key = {v: k for k, v in self.keys.items()}
         return [by_key[k] for k in self.cache.keys()]
+
+    def chunk_bytes(self, name: str) -> int:
+        """The size the policy sees: the row's chunk."""
+        (chunk,) = self.store.row_chunks[self.keys[name]]
+        return self.store.chunks[chunk].size
 
     def drain_order(self) -> list[str]:
         """Evict one row at a time (evict_bytes(1)) and report who left."""
@@ -89,7 +110,7 @@ def test_live_and_pinned_rows_go_after_all_others_in_policy_order() -> None:
 
 
 def test_budget_eviction_skips_protected_rows() -> None:
-    h = Harness("lru", budget=3)
+    h = Harness("lru", budget_rows=3)
     for t, name in enumerate("abc", start=1):
         h.put(name, t)
     h.cache.set_live(h.keys["a"])
@@ -135,29 +156,36 @@ def test_frecency_bonus_decays_with_a_six_hour_half_life() -> None:
 
 
 def test_gdsf_order_and_inflation() -> None:
+    """GDSF: priority = inflation + hits' weight * tokens / bytes (the chunk's); the inflation
+    rises to each victim's priority."""
     gdsf = GDSF()
     h = Harness(gdsf)
-    h.put("a", 1, size=100, n_tokens=10)  # 10/100 = 0.1
-    h.put("b", 2, size=10, n_tokens=10)   # 1.0
-    h.put("c", 3, size=100, n_tokens=100)  # 1.0 (ties with b; b is older)
+    h.put("a", 1, size=100_000, n_tokens=10)   # 10 tokens over ~100 kB: the lowest
+    h.put("b", 2, size=10_000, n_tokens=10)
+    h.put("c", 3, size=100_000, n_tokens=100)
+    p = {n: k / h.chunk_bytes(n) for n, k in (("a", 10), ("b", 10), ("c", 100))}
     h.cache.evict_bytes(1)
     assert sorted(h.names()) == ["b", "c"]
-    assert gdsf.inflation == pytest.approx(0.1)
-    h.put("d", 4, size=100, n_tokens=10)  # L + 0.1 = 0.2
-    h.get("b", 5)                         # L + 2 * 1.0 = 2.1
+    assert gdsf.inflation == pytest.approx(p["a"])
+    h.put("d", 4, size=100_000, n_tokens=10)   # L + a's density
+    h.get("b", 5)                              # L + 2 * b's density
     scores = {r["key"]: r["score"] for r in h.cache.rows()}
-    assert scores[h.keys["d"]] == pytest.approx(0.2)
-    assert scores[h.keys["b"]] == pytest.approx(2.1)
+    assert scores[h.keys["d"]] == pytest.approx(2 * p["a"])
+    assert scores[h.keys["b"]] == pytest.approx(p["a"] + 2 * p["b"])
+    assert 2 * p["a"] < p["c"] < p["a"] + 2 * p["b"]
     assert h.drain_order() == ["d", "c", "b"]
-    assert gdsf.inflation == pytest.approx(2.1)
+    assert gdsf.inflation == pytest.approx(p["a"] + 2 * p["b"])
 
 
 FIRST20 = "abcdefghijklmnopqrst"
 
 
 def s3fifo_harness() -> Harness:
-    """Budget 20 one-byte rows: small = 2, main = 18, ghost = 18."""
-    h = Harness("s3fifo", budget=20)
+    """Budget 20 rows: small = 2, main = 18, ghost = 18. S3-FIFO's queues hold the chunks'
+    bytes, the budget also the manifests': the policy's capacity is the 20 chunks' bytes (at
+    10% of the budget the small queue would start a third row)."""
+    h = Harness("s3fifo", budget_rows=20)
+    h.store.policy.set_capacity(20 * chunk_file_size(1, PAYLOAD))  # type: ignore[attr-defined]
     for t, name in enumerate(FIRST20, start=1):
         h.put(name, t)  # a, b -> small; c..t -> main (small is full before any eviction)
     return h
@@ -207,7 +235,7 @@ def test_s3fifo_row_too_large_for_small_goes_to_main() -> None:
 
 
 def test_s3fifo_falls_back_to_protected_rows_when_nothing_else_is_left() -> None:
-    h = Harness("s3fifo", budget=10)
+    h = Harness("s3fifo", budget_rows=10)
     h.put("a")
     h.put("b")
     h.cache.pin(h.keys["a"])

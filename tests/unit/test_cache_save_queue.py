@@ -8,12 +8,15 @@ from pathlib import Path
 
 import pytest
 
+from workbench.cache.chunk_backends import ChunkMemory
+from workbench.cache.chunk_format import ChunkMeta
+from workbench.cache.chunk_store import WHOLE_ROWS, ChunkStore
+from workbench.cache.chunk_tiers import ChunkTier
+from workbench.cache.chunked import ChunkedCache
 from workbench.cache.counters import Counters
-from workbench.cache.format import RowMeta
 from workbench.cache.keys import CacheNamespace
+from workbench.cache.policies import get_policy
 from workbench.cache.save_queue import SaveQueue
-from workbench.cache.tiered import TieredCache
-from workbench.cache.tiers import RamTier
 
 NS = CacheNamespace("ab" * 32)
 
@@ -62,22 +65,23 @@ def test_rejects_bad_sizes() -> None:
         SaveQueue(max_pending=0)
 
 
-class SlowRam(RamTier):
-    """A RAM tier whose writes wait for a gate, to hold saves in flight."""
+class SlowMemory(ChunkMemory):
+    """Chunks in memory, each write held until ``gate`` is set."""
 
     def __init__(self, gate: threading.Event) -> None:
-        super().__init__("ram", None)
+        super().__init__()
         self.gate = gate
 
-    def write(self, meta: RowMeta, payload: bytes) -> int:
+    def write_chunk(self, meta: ChunkMeta, payload: bytes) -> int:
         self.gate.wait(5)
-        return super().write(meta, payload)
+        return super().write_chunk(meta, payload)
 
 
 def test_put_async_uses_the_bounded_pool(tmp_path: Path) -> None:
     gate = threading.Event()
-    cache = TieredCache([SlowRam(gate)], save_workers=1, max_pending_saves=2)
-    results = [cache.put_async(NS, [i], b"kv") for i in range(1, 5)]
+    store = ChunkStore(tiers=[ChunkTier(SlowMemory(gate), None, get_policy("lru"))], chunk_size=WHOLE_ROWS)
+    cache = ChunkedCache(store, save_workers=1, max_pending_saves=2)
+    results = [cache.put_async(NS, [i], [b"kv"]) for i in range(1, 5)]
     assert results == [True, True, False, False]
     assert cache.counters()["saves_dropped"] == 2
     gate.set()

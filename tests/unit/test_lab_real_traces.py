@@ -2,7 +2,8 @@
 format, `traces.from_block_hashes`, the two shipped traces `traces.mooncake`), traces saved
 and loaded exactly (`Trace.save`, `traces.load`), and literal token traces with replies
 (`Trace.from_prompts(..., replies=...)`, what `lab.record()` captures) replayed as the real
-cache would: through the lab's plan and through a real ChunkStore / TieredCache."""
+cache would: through the lab's plan and through a real ChunkStore / the plain whole-row reference
+(tests/notebook/reference.py)."""
 
 from __future__ import annotations
 
@@ -345,7 +346,7 @@ class _Replies:
 @pytest.mark.parametrize("policy", ["lru", "s3fifo"])
 def test_literal_replies_replay_as_the_real_caches_do(policy: str) -> None:
     """Request by request, the lab's hit kinds and prefill saved equal those of a real
-    ChunkStore (chunk model) and a real TieredCache (whole rows) fed the same token ids,
+    ChunkStore (chunk model) and the plain whole-row reference (whole rows) fed the same token ids,
     under eviction."""
     t = literal_chats()
     ref_trace: Any = _Replies(t)

@@ -4,7 +4,10 @@ replayed through `lab.plan.run_plan` (the lab: virtual tokens, chunksim.py) and 
 smaller budget; in memory at the larger one, which keeps the same byte counts and runs
 without fsync: `notebook/chunk_reference.py`), both driven by the engine's save rules
 (the lab's plan.py, and `notebook/reference.py` written out plainly). Request by request:
-the hit kind and the prefill saved; after every request: the store's bytes and evictions."""
+the hit kind and the prefill saved; after every request: the store's bytes and evictions.
+Whole rows (``storage='rows'``: chunks of ``WHOLE_ROWS`` positions, a row's new KV one chunk,
+a longer row's chunk absorbing the tail it extends) are held to the same, with the lab's
+chunk model at that chunk size."""
 
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ from notebook.chunk_reference import StoreCache, store_cache
 from notebook.reference import reference_replay
 
 from workbench.cache import get_policy
+from workbench.cache.chunk_store import WHOLE_ROWS
 from workbench.lab import traces
 from workbench.lab.chunks import pinned_marks
 from workbench.lab.plan import build_plan, run_plan
@@ -74,14 +78,14 @@ TRACES = {"chats": chats, "agents": agents, "retokenised": retokenised, "boundar
 
 
 def compare(trace: Trace, policy: str, size: int, root: Path | None,
-            made: list[StoreCache] | None = None) -> dict[str, int]:
-    """Replay through both (the store's files under `root`, or in memory); assert equal
-    outcomes and per-request state; the lab's totals."""
-    lab = run_plan(build_plan(trace, checkpoint_every=EVERY, chunk_size=CHUNK), get_policy(policy), size, BPT,
+            made: list[StoreCache] | None = None, chunk_size: int = CHUNK) -> dict[str, int]:
+    """Replay through both (the store's files under `root`, or in memory; chunks of
+    `chunk_size`); assert equal outcomes and per-request state; the lab's totals."""
+    lab = run_plan(build_plan(trace, checkpoint_every=EVERY, chunk_size=chunk_size), get_policy(policy), size, BPT,
                    timeline_every=1, record=True)
     made = [] if made is None else made
     ref = reference_replay(trace, policy, size, BPT, checkpoint_every=EVERY,
-                           cache_factory=store_cache(None if root is None else str(root), BPT, CHUNK, made,
+                           cache_factory=store_cache(None if root is None else str(root), BPT, chunk_size, made,
                                                      pinned_marks(trace)))
     store = made[0]
     assert len(store.trail) == len(trace)   # one lookup per request: no one-token prompt
@@ -108,6 +112,22 @@ def test_the_lab_replays_a_trace_as_the_chunk_store_does(tmp_path: Path, workloa
         kinds = {k for k, _ in lab["_requests"]}
         assert "partial" in kinds and "cold" in kinds
     assert saved[1] > saved[0] > 0
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("workload", sorted(TRACES))
+def test_the_lab_replays_whole_rows_as_the_store_does(tmp_path: Path, workload: str, policy: str) -> None:
+    """storage='rows': the lab's chunk model with chunks of WHOLE_ROWS positions against the
+    store at that chunk size, request by request and byte for byte, tails absorbed by the
+    longer rows extending them."""
+    trace = TRACES[workload]()
+    for size, root in ((SMALL, tmp_path), (LARGE, None)):
+        made: list[StoreCache] = []
+        lab = compare(trace, policy, size, root, made, chunk_size=WHOLE_ROWS)
+        assert lab["evictions"] > 0
+        assert made[0].store.counters.get("tails_absorbed") > 0
+        kinds = {k for k, _ in lab["_requests"]}
+        assert "partial" in kinds and "cold" in kinds
 
 
 def test_ties_between_continuing_chunks() -> None:

@@ -13,7 +13,7 @@ Chunk file ``<chunk key>.kvc``, all integers little-endian, a 160-byte header
 
     offset size  field
        0     8   magic            b"WBKVCHN\\0"
-       8     2   version          u16 = 2
+       8     2   version          u16 = 3
       10     2   flags            bit 0: first chunk (its parent is the namespace)
       12     4   p0               first position
       16     4   n_tokens         u32, >= 1
@@ -31,7 +31,7 @@ Chunk file ``<chunk key>.kvc``, all integers little-endian, a 160-byte header
 Manifest file ``<row key>.kvm``, a 160-byte header (struct ``<8sHHBBHIIIIdI16s32s32s28sQ``):
 
        0     8   magic            b"WBKVMAN\\0"
-       8     2   version          u16 = 2
+       8     2   version          u16 = 3
       10     2   flags            bit 0 pinned
       12     1   reason           SaveReason
       13     1   reserved         zero

@@ -58,6 +58,9 @@ from workbench.cache.policies import DEFAULT_POLICY, EvictionPolicy, PolicySpec
 from workbench.cache.types import SaveReason
 
 DEFAULT_CHUNK_SIZE = 64  # docs/cache.md, "Choosing the chunk size"
+#: The chunk size of whole-row storage (``configure_cache(storage='rows')``): no grid, so a
+#: row's new KV is one chunk ending where the row ends (or at a mark); no context is this long.
+WHOLE_ROWS = 1 << 30
 
 
 def one_store_tiers(root: str | os.PathLike[str] | None, budget_bytes: int | None, policy: PolicySpec,

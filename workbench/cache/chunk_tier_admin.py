@@ -1,6 +1,5 @@
 """A chunked cache's tiers after it was built: the order rule, default directories, adding a
-tier and removing one (``add_tier`` / ``remove_tier`` in chunk storage, the counterparts of
-``TieredCache``'s), over a `ChunkStore`'s public surface.
+tier and removing one (``add_tier`` / ``remove_tier``), over a `ChunkStore`'s public surface.
 
 * **Order.** At most one tier of each kind, fastest first: ram, shm, disk. A tier added goes
   to its kind's place; ``position``, when given, must be that place.
@@ -52,7 +51,8 @@ class TiersBusy(InvalidOption):
 
 def default_root(kind: str, name: str) -> Path:
     """Where a shm or disk chunk tier without a root keeps its files: beside, never inside,
-    the row tiers' default directories (a chunk directory's scan deletes row files)."""
+    the directories version 1 row files were kept in by default (a chunk directory's scan
+    deletes row files)."""
     rows = default_shm_root(name) if kind == "shm" else default_disk_root(name)
     return rows.parent.with_name(rows.parent.name + "-chunks") / name
 

@@ -8,7 +8,7 @@ the moves in flight and sees the store through ``MovesHost``.
   ``entry_tiers``) and, when the top tier is RAM above persistent tiers, copies it there
   too: RAM holds copies only, so a manifest never names a chunk that lives only in process
   memory. Manifests live in the last tier. A read from a lower tier copies the chunk to the
-  top tier and keeps the lower copy (inclusive promotion, as the row cache's: ``copy_up``).
+  top tier and keeps the lower copy (inclusive promotion: ``copy_up``).
 * **Eviction, per tier** (``evictable``, ``evict_copy``): a copy may leave a tier when a
   lower tier holds the chunk too (it is dropped) or can hold it (it is demoted: written
   there, making room there in turn), whatever depends on it, so in upper tiers a parent may

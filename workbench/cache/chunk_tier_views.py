@@ -1,5 +1,5 @@
-"""What a chunked cache shows of itself: its rows (the columns of ``TieredCache.rows``), its
-tiers (``TieredCache.list_tiers``'s keys plus the chunks each holds) and where a chain's
+"""What a chunked cache shows of itself: its rows (one dict each: tokens, bytes, tiers,
+hits, pins, score), its tiers (each tier's description plus the rows and chunks it holds) and where a chain's
 chunks are."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ def tier_of(store: ChunkStore, chunks: Sequence[bytes]) -> str | None:
 
 
 def row_dicts(store: ChunkStore, row_hits: dict[str, tuple[int, float]]) -> list[dict[str, Any]]:
-    """One dict per row: the row cache's columns (its ``score`` is the score of its last
+    """One dict per row: key, tokens, bytes, tier, reason, hits, pins (its ``score`` is the score of its last
     chunk, the one eviction takes first; ``tiers`` every tier holding one of its chunks),
     n_chunks and own_bytes (chunks no other row uses). One clock reading for every row
     (``now``, also each score's); ``seq``: the last chunk's logical access clock, which
@@ -43,7 +43,7 @@ def row_dicts(store: ChunkStore, row_hits: dict[str, tuple[int, float]]) -> list
 
 
 def tier_dicts(store: ChunkStore) -> list[dict[str, Any]]:
-    """Each tier, fastest first, with the keys of ``TieredCache.list_tiers``; ``rows``: the
+    """Each tier, fastest first: its ``describe()`` (name, kind, budget, policy, usage); ``rows``: the
     rows one of whose chunks it holds; ``chunks``: the chunks it holds."""
     out = []
     for t in store.tiers:

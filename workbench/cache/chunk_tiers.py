@@ -141,7 +141,7 @@ class ChunkTier:
         return None if best is None else chunks[best[3]]
 
     def describe(self) -> dict[str, Any]:
-        """The keys of ``TieredCache.list_tiers`` (rows are the store's to count)."""
+        """Name, kind, budget, policy, usage and chunks (rows are the store's to count)."""
         root = self.backend.root if isinstance(self.backend, ChunkDir) else None
         return {"name": self.name, "kind": self.kind, "policy": self.policy.name, "budget_bytes": self.budget,
                 "used_bytes": self.used, "reserved_bytes": self.reserved, "full_at_bytes": self.full_at,

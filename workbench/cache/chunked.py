@@ -1,11 +1,13 @@
-"""ChunkedCache: the chunked KV cache (issue 14) behind the calls the engine and cache_admin
-make of the prefix cache, over one :class:`~workbench.cache.chunk_store.ChunkStore`.
+"""ChunkedCache: the prefix cache (the one implementation of ``PrefixCache``) behind the calls
+the engine and cache_admin make of it, over one :class:`~workbench.cache.chunk_store.ChunkStore`.
 
-The default storage (``configure_cache(storage='chunks', chunk_size=...)``; whole rows,
-``TieredCache``, with ``storage='rows'``). What differs from the row cache:
+Both storages are this cache: ``configure_cache(storage='chunks', chunk_size=...)``, the
+default, and ``storage='rows'``, whole rows, which is the same store with chunks of
+``WHOLE_ROWS`` positions (no grid: a row's new KV is one chunk ending where the row ends or
+at a mark, and a longer row's chunk absorbs a shorter one it extends). In short:
 
 * ``put`` takes the payloads of a row's chunks from ``missing()`` on (the engine cuts only
-  those out of llama.cpp), not one state; ``lookup`` / ``match_key`` return a
+  those out of llama.cpp); ``lookup`` / ``match_key`` return a
   :class:`ChunkHit` (the serving chunk keys with the row key, or None for a chain of full
   chunks no row names), and ``read`` gives the chain's verified payloads, to be joined with
   ``n_tokens``.
@@ -33,7 +35,7 @@ from workbench.cache import chunk_tier_admin
 from workbench.cache import chunk_peer_scan
 from workbench.cache.chunk_peer_scan import PeerMemo, PeerScan
 from workbench.cache.chunk_catalog import ChunkPlan
-from workbench.cache.chunk_store import ChunkStore
+from workbench.cache.chunk_store import WHOLE_ROWS, ChunkStore
 from workbench.cache.chunk_tier_admin import CHUNK_TIERS, in_order, to_chunk_tier
 from workbench.cache.chunk_tier_views import row_dicts, tier_dicts, tier_of
 from workbench.cache.chunk_tier_admin import fill_roots
@@ -73,13 +75,12 @@ class _Prefixes:
 
 #: The shortest chain no row names that a lookup serves (the default of the load option
 #: cache_min_tokens, the shortest prefix worth a row): a prompt agreeing with a stored chunk
-#: on a few leading tokens only (a chat template's opening) is cold, as with whole rows,
+#: on a few leading tokens only (a chat template's opening) is cold,
 #: rather than a partial hit joining a chunk to reuse those few tokens.
 MIN_CHAIN_TOKENS = 16
 
 
 class ChunkedCache(PrefixCache):
-    storage = "chunks"
 
     def __init__(self, store: ChunkStore, *, dir_kind: str | None = None, save_workers: int = 2,
                  max_pending_saves: int = 8, min_chain_tokens: int = 1) -> None:
@@ -98,6 +99,11 @@ class ChunkedCache(PrefixCache):
     @property
     def chunk_size(self) -> int:
         return self._store.chunk_size
+
+    @property
+    def storage(self) -> str:
+        """'rows' (whole rows: chunks of ``WHOLE_ROWS``) or 'chunks'."""
+        return "rows" if self._store.chunk_size == WHOLE_ROWS else "chunks"
 
     def scan(self) -> dict[str, int]:
         """Adopt what the persistent tiers hold (start-up); rejected files by reason."""
@@ -142,7 +148,7 @@ class ChunkedCache(PrefixCache):
         hit, by_key = self.find_prefix(namespace, prompt, parent_key)
         if hit is None:
             return None
-        pieces = self.read(hit, max_payload(self.chunk_size))
+        pieces = self.read(hit, max_payload(self._longest(hit)))
         if pieces is None:
             return None
         with self.timed("unpack_ns"):
@@ -215,7 +221,7 @@ class ChunkedCache(PrefixCache):
 
     def lookup(self, namespace: CacheNamespace | bytes, tokens: Tokens) -> ChunkHit | None:
         """The longest stored prefix of ``tokens`` (a row or a chain of chunks); counts the
-        hit kind as the row cache does."""
+        hit kind (HitKind.of)."""
         start = time.perf_counter_ns()
         raw = keys.token_bytes(tokens)
         hit = self.probe(namespace, raw)
@@ -239,6 +245,13 @@ class ChunkedCache(PrefixCache):
     def _count_kind(self, matched: int, prompt_len: int, *, by_key: bool = False) -> None:
         kind = HitKind.of(matched, prompt_len, by_key=by_key)
         self._counters.inc("misses_cold" if kind is HitKind.COLD else f"hits_{kind.value}")
+
+    def _longest(self, hit: ChunkHit) -> int:
+        """The most positions a chunk of ``hit`` holds (what its payload is bounded by: a file
+        whose header claims more is refused before it is read); whole rows know it only
+        from the catalog, chunks of ``chunk_size`` never hold more."""
+        chunks = self._store.chunks
+        return min(self.chunk_size, max((chunks[k].n_tokens for k in hit.chunks if k in chunks), default=0))
 
     def read(self, hit: ChunkHit, max_payload: int | None = None) -> list[bytes] | None:
         """The verified payloads of a hit's chunks; None (a miss) when one was evicted
@@ -312,7 +325,7 @@ class ChunkedCache(PrefixCache):
     # -- pins and live rows ----------------------------------------------------------------
     def pin(self, key: str) -> str | None:
         """Protect a row; the previously pinned row of its namespace (returned) is unpinned,
-        as in the row cache. KeyError for a row not held."""
+        one pinned row per namespace. KeyError for a row not held."""
         with self._lock:
             ns = self._store.rows[key].namespace
             old = next((k for k, m in self._store.rows.items() if m.pinned and m.namespace == ns and k != key), None)
@@ -334,14 +347,16 @@ class ChunkedCache(PrefixCache):
             return was
 
     def set_live(self, key: str, live: bool = True) -> bool:
-        """As ``TieredCache.set_live``: a row whose save is queued gets the mark when it lands."""
+        """Mark a row as the KV of a live session (its chunks protected from eviction while
+        live); a row whose save is queued gets the mark when it lands."""
         with self._lock:
             return self._store.set_live(key, live) or self.pending.defer_live(key, live)
 
     # -- views -----------------------------------------------------------------------------
     def rows(self) -> list[dict[str, Any]]:
-        """One dict per row, with the columns of ``TieredCache.rows`` plus n_chunks and
-        own_bytes (its chunks no other row uses)."""
+        """One dict per row (``chunk_tier_views.row_dicts``): key, tokens, bytes and
+        own_bytes (its chunks no other row uses), n_chunks, tiers, reason, hits, pins, and
+        the score and seq eviction ranks it by, all at one clock reading."""
         with self._lock:
             return row_dicts(self._store, self._row_hits)
 
@@ -375,7 +390,8 @@ class ChunkedCache(PrefixCache):
     def info(self) -> dict[str, Any]:
         with self._lock:
             pinned = sum(m.pinned for m in self._store.rows.values())
-        return {"storage": self.storage, "chunk_size": self.chunk_size, "rows": len(self),
+        return {"storage": self.storage, "chunk_size": None if self.storage == "rows" else self.chunk_size,
+                "rows": len(self),
                 "pinned": pinned, "tiers": self.list_tiers(), "counters": self.counters()}
 
     def close(self, wait: bool = True) -> None:

@@ -4,11 +4,11 @@ Names used by the cache (all ints; times are nanosecond totals):
     hits_exact, hits_partial, misses_cold       lookup() outcomes
     get_hits, get_misses, promotions            get() outcomes
     saves_<reason>, saves_duplicate, saves_dropped, saves_too_large, saves_failed,
-    key_collisions                              put() outcomes
-    evictions_<tier>, demotions_<tier>, drops   rows leaving a tier / the cache
-    rejected_<reason>, rejected_total, orphans_removed   corrupt rows and tmp orphans
-    lookup_ns, store_ns, load_ns, pack_ns, unpack_ns     time totals (pack/unpack are
-                                                         recorded by the engine)
+    saves_chunks_gone                           put() outcomes
+    evictions_<tier>, demotions_<tier>, drops   chunks leaving a tier / the cache
+    rejected_<reason>, rejected_total, orphans_removed   corrupt files and tmp orphans
+    lookup_ns, load_ns, pack_ns, unpack_ns      time totals (pack/unpack are recorded by
+                                                the engine)
     queued_wait_ns                              time lookups waited for a queued save
 
 ``counters()`` of a cache adds gauges (levels now, not totals): bytes_<tier>, rows_<tier>,

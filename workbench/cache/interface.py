@@ -2,17 +2,16 @@
 
 :class:`PrefixCache` is what every caller outside this package talks to (the engine's
 ``EngineCache``, the notebook views and magics, ``cache_admin``): restore a prefix into a
-sequence, save a sequence's KV, probe, pins and live marks, rows, chunks, tiers, info. Both
-storages implement it (``ChunkedCache``, the default; ``TieredCache``, whole rows with
-``storage='rows'``); what differs between them is asked of the cache (``storage``,
-``chunk_rows``), never found with ``isinstance`` on an implementation.
+sequence, save a sequence's KV, probe, pins and live marks, rows, chunks, tiers, info.
+``ChunkedCache`` implements it, for both storages (``storage='chunks'``, the default, and
+``'rows'``: whole-row chunks); callers ask the cache what it is (``storage``), never an
+``isinstance`` on an implementation.
 
 :class:`SequenceKv` is the adapter the cache moves KV through: one sequence of one
 llama.cpp context, as the engine exposes it (``engine/kv_access.py``). A save goes down
-once (engine -> cache, which asks the adapter for the bytes it stores: the whole state for
-a row, only the missing chunks for chunk storage); a restore likewise (the cache reads and
-verifies, the adapter loads). The adapter owns the engine's counters of what llama.cpp
-refused.
+once (engine -> cache, which asks the adapter for the chunks it does not hold yet); a
+restore likewise (the cache reads and verifies, the adapter joins and loads). The adapter
+owns the engine's counters of what llama.cpp refused.
 """
 
 from __future__ import annotations
@@ -36,21 +35,14 @@ MaxPayload = Callable[[int], "int | None"]
 class SequenceKv(Protocol):
     """One sequence of a llama.cpp context (engine/kv_access.py)."""
 
-    def state(self) -> bytes:
-        """The sequence's whole llama.cpp state."""
-        ...
-
     def cut(self, keys: Sequence[bytes], chunk_size: int, first: int, ends: Sequence[int]) -> list[bytes] | None:
         """Chunks ``first ..`` of the sequence's state (None: the state cannot be cut)."""
         ...
 
-    def load_state(self, payload: bytes, n_tokens: int) -> bool:
-        """Restore a row's state; True when the sequence then holds exactly positions
-        0 .. n_tokens - 1. False: refused, the sequence emptied."""
-        ...
-
     def load_chunks(self, pieces: Sequence[bytes], keys: Sequence[bytes], n_tokens: int) -> bool:
-        """Join verified chunks and restore the first ``n_tokens`` positions; as load_state."""
+        """Join verified chunks and restore the first ``n_tokens`` positions; True when the
+        sequence then holds exactly positions 0 .. n_tokens - 1. False: refused, the
+        sequence emptied."""
         ...
 
 
@@ -60,7 +52,7 @@ class Restored:
 
     n_tokens: int
     kind: HitKind       # exact | partial
-    key: str | None     # None: a chain of chunks no row names (chunk storage)
+    key: str | None     # None: a chain of chunks no row names
     tier: str | None
     shared_end: int | None = None  # n_tokens when the row is a pinned (agent) prefix
 
@@ -82,8 +74,13 @@ class Held:
 class PrefixCache(abc.ABC):
     """The prefix cache as its callers see it (see the module's docstring)."""
 
-    storage: str  # 'chunks' or 'rows'
-    pending: PendingSaves  # its saves queued on the writer pool (each storage makes its own)
+    pending: PendingSaves  # its saves queued on the writer pool
+    tier_generation: int   # +1 at each add_tier / remove_tier
+
+    @property
+    @abc.abstractmethod
+    def storage(self) -> str:
+        """'chunks' or 'rows' (whole-row chunks)."""
 
     # -- the engine's calls ----------------------------------------------------------------
     @abc.abstractmethod
@@ -98,8 +95,7 @@ class PrefixCache(abc.ABC):
              sync: bool = False, live: bool = False, marks: Sequence[int] = ()) -> Saved | None:
         """Save the KV of ``kv`` (which holds exactly ``tokens``); None when dropped or failed.
         A row held already is not copied again (pinned when an agent prefix, marked live for
-        a live session). ``marks``: where shared prefixes end (chunk storage ends a chunk
-        there)."""
+        a live session). ``marks``: where shared prefixes end (a chunk ends there)."""
 
     def keep_stored(self, key: str, reason: SaveReason, live: bool) -> Saved:
         """A save of a row held already copies nothing: the row is pinned when it is an
@@ -155,16 +151,21 @@ class PrefixCache(abc.ABC):
 
     @abc.abstractmethod
     def tier_spec(self, spec: dict[str, Any]) -> dict[str, Any]:
-        """A tier spec as this storage takes it (chunk storage gives a shm or disk tier
-        without a root its default directory)."""
+        """A tier spec as this cache takes it (a shm or disk tier without a root gets its
+        default directory)."""
+
+    @abc.abstractmethod
+    def adopt_peer_files(self, memo: Any = None) -> Any:
+        """Adopt what live peers (other processes sharing the directories) published since
+        the last look, deleting nothing (``shared.PeerRows``)."""
 
     # -- views --------------------------------------------------------------------------------
     @abc.abstractmethod
     def rows(self) -> list[dict[str, Any]]: ...
 
-    def chunk_rows(self) -> list[dict[str, Any]] | None:
-        """One dict per chunk (chunk storage); None for a storage of whole rows."""
-        return None
+    @abc.abstractmethod
+    def chunk_rows(self) -> list[dict[str, Any]]:
+        """One dict per chunk."""
 
     @abc.abstractmethod
     def list_tiers(self) -> list[dict[str, Any]]: ...

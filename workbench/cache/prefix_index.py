@@ -43,7 +43,7 @@ class _IndexedRow:
 class PrefixIndex:
     """Maps rows (namespace, tokens) to keys and finds the longest stored prefix.
 
-    Not thread-safe on its own: the tiered cache calls it under its lock.
+    Not thread-safe on its own: its owner (the chunk catalog, the lab's row catalog) serialises calls.
     """
 
     def __init__(self, block_size: int = 16) -> None:

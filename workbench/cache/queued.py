@@ -1,7 +1,7 @@
 """Background saves: the bounded writer pool behind a cache's `put_async`, and the brief wait
 of a lookup for a queued row that would serve it.
 
-A cache HAS a :class:`PendingSaves` (both storages: `TieredCache`, `ChunkedCache`), made with
+A cache HAS a :class:`PendingSaves` (`ChunkedCache`), made with
 what it needs of its host and nothing more: the host's lock (the queue's bookkeeping moves
 under it, with the catalog it is compared with), its counters, what is stored (the longest
 stored prefix, whether a row key is stored), and two callables, the host's `put` (what a

@@ -1,5 +1,5 @@
-"""The process-wide prefix cache: one cache every loaded model shares (a :class:`ChunkedCache`,
-the default, or a :class:`TieredCache` of whole rows with ``storage='rows'``), and the
+"""The process-wide prefix cache: one cache every loaded model shares (a :class:`ChunkedCache`:
+chunks of ``chunk_size`` positions by default, whole rows with ``storage='rows'``), and the
 tiers users describe as dicts (``configure_cache``, ``add_tier``)."""
 
 from __future__ import annotations
@@ -13,13 +13,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..errors import InvalidOption
-from .chunk_store import DEFAULT_CHUNK_SIZE
+from .chunk_store import DEFAULT_CHUNK_SIZE, WHOLE_ROWS
 from .chunk_peer_scan import PeerMemo
 from .chunked import ChunkedCache, chunked_cache
 from .interface import PrefixCache
 from .policies import DEFAULT_POLICY
-from .store import ROW_SUFFIX
-from .tiered import TieredCache
 from .tiers import DiskTier, RamTier, ShmTier, Tier
 
 DEFAULT_RAM_BUDGET = 1 << 30
@@ -39,12 +37,13 @@ def shared_cache() -> PrefixCache:
 
 def configure(tiers: Sequence[Mapping[str, Any]], policy: Any = DEFAULT_POLICY, writer_workers: int | None = None,
               writer_queue: int | None = None, storage: str = "chunks",
-              chunk_size: int = DEFAULT_CHUNK_SIZE) -> PrefixCache:
+              chunk_size: int | None = None) -> PrefixCache:
     """Replace the shared cache with one built from tier specs (fastest first); persistent
     tiers are scanned, so rows saved before a restart are adopted (and bad files removed).
     Its writer pool: ``writer_workers`` threads, ``writer_queue`` saves queued or running
-    (None: TieredCache's defaults). ``storage='chunks'``: rows as manifests over chunks of
-    ``chunk_size`` positions (``make_chunked``)."""
+    (None: ChunkedCache's defaults, 2 and 8). ``storage='chunks'``: rows as manifests over
+    chunks of ``chunk_size`` positions (None: DEFAULT_CHUNK_SIZE); ``'rows'``: the same store
+    with whole-row chunks (``WHOLE_ROWS``; ``chunk_size`` must be None)."""
     cache = build(tiers, policy, writer_workers, writer_queue, storage, chunk_size)
     cache.scan()
     return install(cache)
@@ -58,13 +57,17 @@ def build(tiers: Sequence[Mapping[str, Any]], policy: Any = DEFAULT_POLICY, writ
     which would delete what a peer has in flight."""
     defaults = inspect.signature(configure).parameters
     storage = defaults["storage"].default if storage is None else storage
-    chunk_size = defaults["chunk_size"].default if chunk_size is None else chunk_size
     pool: dict[str, Any] = {k: v for k, v in (("save_workers", writer_workers), ("max_pending_saves", writer_queue))
                             if v is not None}
-    if storage == "chunks":
-        return make_chunked(tiers, policy, chunk_size, pool)
-    built: list[Tier | tuple[Tier, Any]] = [(make_tier(spec), spec.get("policy")) for spec in tiers]
-    return TieredCache(built, policy=policy, **pool)
+    return make_chunked(tiers, policy, store_chunk_size(storage, chunk_size), pool)
+
+
+def store_chunk_size(storage: str, chunk_size: int | None) -> int:
+    """The chunk size of the store a ``storage`` and ``chunk_size`` describe (whole rows:
+    WHOLE_ROWS; ``cache_admin.check_storage`` checks the pair)."""
+    if storage == "rows":
+        return WHOLE_ROWS
+    return DEFAULT_CHUNK_SIZE if chunk_size is None else chunk_size
 
 
 def install(cache: PrefixCache) -> PrefixCache:
@@ -113,12 +116,12 @@ def make_tier(spec: Mapping[str, Any]) -> Tier:
 def make_chunked(tiers: Sequence[Mapping[str, Any]], policy: Any, chunk_size: int,
                  pool: Mapping[str, Any]) -> ChunkedCache:
     """A chunked cache over these tiers (at most one each of ram, shm, disk, fastest first;
-    ``chunked.chunked_cache``). A directory tier needs an explicit root of its own: its scan
-    deletes version 1 row files, so it must not be a row tier's."""
+    ``chunked.chunked_cache``). A directory tier needs an explicit root of its own
+    (``chunk_tier_admin.fill_roots`` gives one): its scan deletes what is not the store's."""
     for spec in tiers:
         if isinstance(spec, Mapping) and spec.get("kind") in ("shm", "disk") and spec.get("root") is None:
             raise InvalidOption("root", None, "a directory of its own for chunk storage (its scan deletes "
-                                "version 1 row files)", "tier")
+                                "files that are not the store's)", "tier")
     return chunked_cache([(make_tier(s), s.get("policy")) for s in tiers], policy, chunk_size, **pool)
 
 
@@ -126,15 +129,11 @@ class PeerRows:
     """What other processes publish to this process's persistent tiers (a shm or disk root
     they share: the replicas of a cluster, two notebooks on one machine), adopted without
     an explicit rescan. :meth:`adopt`, called where a lookup is about to happen, costs a
-    stat per persistent tier when nothing changed; a directory that changed is listed, and
-
-    * whole rows (a TieredCache): only the row files the cache does not hold are read
-      (``TieredCache.adopt_files``: headers and tokens verified, as a restart's scan does;
-      the cost per look is the new rows', not the tier's);
-    * chunk storage (a ChunkedCache): the adopt-only rescan (``adopt_peer_files``,
-      chunk_peer_scan.py): new chunks parent first, new manifests whose chunks are held,
-      chunks whose files a peer removed forgotten, nothing deleted. When it skipped
-      something of this process's own in flight, the next look lists again.
+    stat per persistent tier when nothing changed; a directory that changed is looked at
+    with the cache's adopt-only rescan (``adopt_peer_files``, chunk_peer_scan.py): new chunks
+    parent first, new manifests whose chunks are held, chunks whose files a peer removed
+    forgotten, nothing deleted. When it skipped something of this process's own in flight,
+    the next look lists again.
 
     The publish protocol makes a file visible only once whole and fsynced, so a peer's row
     is adopted as a restart adopts it."""
@@ -146,39 +145,32 @@ class PeerRows:
     def __init__(self) -> None:
         self._looked: dict[str, tuple[int, int]] = {}  # root -> (its mtime, when it was listed)
         self._lock = threading.Lock()  # one look at a time: a second caller waits for the scan
-        # a chunked cache's tiers are fixed: its roots once, and the rescan's memo
-        self._chunked: tuple[weakref.ref[ChunkedCache], dict[str, str], PeerMemo] | None = None
+        # a cache's tiers are fixed between looks: its roots once, and the rescan's memo
+        self._memo: tuple[weakref.ref[PrefixCache], int, dict[str, str], PeerMemo] | None = None
 
     def adopt(self, cache: PrefixCache | None = None, *, force: bool = False) -> int:
         """Adopt what peers published since the last look (every persistent tier with
         ``force``, changed or not); returns how many rows were new to the cache."""
         cache = shared_cache() if cache is None else cache
         with self._lock:
-            tiers = self._tiers(cache)
-            changed = [root for root in tiers if self._changed(root) or force]
+            roots, memo = self._tiers(cache)
+            changed = [root for root in roots if self._changed(root) or force]
             if not changed:
                 return 0
-            if isinstance(cache, ChunkedCache):
-                return self._adopt_chunks(cache, changed)
-            assert isinstance(cache, TieredCache)
-            return sum(cache.adopt_files(tiers[root], self._row_files(root)) for root in changed)
+            result = cache.adopt_peer_files(memo)
+            if result.deferred:
+                for root in changed:
+                    self._looked.pop(root, None)
+            return result.rows
 
-    def _tiers(self, cache: PrefixCache) -> dict[str, str]:
-        """The persistent tiers' roots -> their names."""
-        if isinstance(cache, ChunkedCache) and self._chunked is not None and self._chunked[0]() is cache:
-            return self._chunked[1]
-        tiers = {str(t["root"]): str(t["name"]) for t in cache.list_tiers() if t.get("persistent") and t.get("root")}
-        if isinstance(cache, ChunkedCache):
-            self._chunked = (weakref.ref(cache), tiers, PeerMemo())
-        return tiers
-
-    def _adopt_chunks(self, cache: ChunkedCache, changed: list[str]) -> int:
-        assert self._chunked is not None
-        result = cache.adopt_peer_files(self._chunked[2])
-        if result.deferred:
-            for root in changed:
-                self._looked.pop(root, None)
-        return result.rows
+    def _tiers(self, cache: PrefixCache) -> tuple[dict[str, str], PeerMemo]:
+        """The persistent tiers' roots -> their names, and the rescan's memo for ``cache``."""
+        held = self._memo
+        if held is not None and held[0]() is cache and held[1] == cache.tier_generation:
+            return held[2], held[3]
+        roots = {str(t["root"]): str(t["name"]) for t in cache.list_tiers() if t.get("persistent") and t.get("root")}
+        self._memo = (weakref.ref(cache), cache.tier_generation, roots, PeerMemo())
+        return roots, self._memo[3]
 
     def _changed(self, root: str) -> bool:
         try:
@@ -190,10 +182,3 @@ class PeerRows:
             return False
         self._looked[root] = (mtime, time.time_ns())
         return True
-
-    @staticmethod
-    def _row_files(root: str) -> list[str]:
-        try:
-            return [name for name in os.listdir(root) if name.endswith(ROW_SUFFIX)]
-        except OSError:
-            return []

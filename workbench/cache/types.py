@@ -49,7 +49,7 @@ def reusable(prompt_len: int) -> int:
 
 class HitKind(str, enum.Enum):
     """How much of a request's prompt was served from KV computed before: THE definition,
-    used by the engine (Stats.cache_hit_kind, its hits_* counters), `TieredCache.lookup`
+    used by the engine (Stats.cache_hit_kind, its hits_* counters), `ChunkedCache.lookup`
     (its hits_exact / hits_partial / misses_cold) and the eviction lab's replay.
 
     A prompt's last token is always decoded again (its logits are sampled from), so a row
@@ -82,8 +82,8 @@ class HitKind(str, enum.Enum):
 class Match:
     """The longest stored row whose tokens are a prefix of the query.
 
-    `tier` is filled in by the tiered cache (the fastest tier holding the row) and is
-    `None` when the match comes straight from a `PrefixIndex`.
+    `tier`: the fastest tier holding the row, where its caller fills it in; `None` when
+    the match comes straight from a `PrefixIndex`.
     """
 
     key: str

@@ -246,14 +246,9 @@ class Replica:
 
 def check_cache_options(options: Mapping[str, Any], where: str) -> None:
     """configure_cache's rules for the cache options a cluster passes its replicas."""
-    from ..cache_admin import CHUNK_SIZE_MAX, CHUNK_SIZE_MIN
-    from ..options import check_int
-    from ..options.rules import one_of
+    from ..cache_admin import check_storage
 
-    if "storage" in options:
-        one_of(*shared.STORAGES)("storage", options["storage"], where)
-    if "chunk_size" in options:
-        check_int("chunk_size", options["chunk_size"], CHUNK_SIZE_MIN, CHUNK_SIZE_MAX, where=where)
+    check_storage(options.get("storage", "chunks"), options.get("chunk_size"), where)
 
 
 def restarted() -> bool:

@@ -2,8 +2,7 @@
 (``workbench.cache.interface.SequenceKv``).
 
 The cache decides what to store and what to restore; this is the only place its bytes meet
-llama.cpp: ``state_seq_get`` / ``state_seq_set`` for whole rows, the native chunk cut and
-join (``kv_chunks``) for chunk storage. What llama.cpp (or the native checks before it)
+llama.cpp: the native chunk cut and join (``kv_chunks``). What llama.cpp (or the native checks before it)
 refuses is counted here, in the engine's counters: ``cache_restore_failed`` for a restore
 refused (the sequence is emptied and verified empty, else ``cache_seq_not_cleared``),
 ``cache_chunk_cut_refused`` for a state that cannot be cut into chunks (a SWA window cache,
@@ -27,9 +26,6 @@ class SeqKv:
         self._seq = seq
         self._counters = counters
 
-    def state(self) -> bytes:
-        return bytes(self._pool.ctx.state_seq_get(self._seq))
-
     def cut(self, keys: Sequence[bytes], chunk_size: int, first: int, ends: Sequence[int]) -> list[bytes] | None:
         if first >= len(keys):
             return []
@@ -38,17 +34,6 @@ class SeqKv:
         except KvChunksRefused:
             self._counters["cache_chunk_cut_refused"] += 1
             return None
-
-    def load_state(self, payload: bytes, n_tokens: int) -> bool:
-        """The native layer refuses a malformed state (positions past n_ctx, cell counts,
-        sizes) with ValueError before llama.cpp reads it; llama.cpp itself returns 0 (or
-        fewer bytes than given) for what it refuses."""
-        self._pool.trim(self._seq, 0)
-        try:
-            nread = self._pool.ctx.state_seq_set(self._seq, payload)
-        except ValueError:
-            nread = 0
-        return self._loaded(nread == len(payload), n_tokens)
 
     def load_chunks(self, pieces: Sequence[bytes], keys: Sequence[bytes], n_tokens: int) -> bool:
         self._pool.trim(self._seq, 0)

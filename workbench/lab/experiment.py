@@ -5,7 +5,7 @@ For each request, in arrival order (the clock is the trace's arrival time in sec
 
 1. look up the longest cached prefix of the prompt (none for a one-token prompt, as the
    engine): exact (all of the prompt but at most its last token), partial or cold; a hit
-   is a read (hit count and last use move, as `TieredCache.get`);
+   is a read (hit count and last use move, as the cache's restore);
 2. count the prefill it saves: min(matched, prompt - 1) tokens (the engine always decodes
    the last prompt token again, for its logits): the number the engine reports as
    prompt_tokens - prefilled_tokens;
@@ -105,8 +105,9 @@ def replay(trace: Trace | Sequence[Sequence[int]], policies: Iterable[PolicySpec
     scoring chunks, bytes the store's file sizes; adds the columns chunks_end,
     logical_bytes_end (the cached rows as whole rows), shared_bytes_end, chunks_written,
     chunks_reused, chunks_collected, chunk_ties (equal agreements, broken to the chunk used last).
-    None: the whole-row model (`simcache.py`: every row stored whole, as `TieredCache`
-    stores them with ``storage='rows'``).
+    None: the whole-row model (`simcache.py`: every row stored in full and shared with no
+    other, erllama's storage and libCacheSim's objects: the baseline chunk sharing is
+    measured against; the cache's ``storage='rows'`` shares a row with the rows it extends).
     """
     import pandas as pd
 

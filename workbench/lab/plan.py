@@ -101,7 +101,7 @@ def build_plan(trace: Trace, *, saves: Iterable[str] = SAVE_KINDS,
     Checkpoints fall only at positions p with `checkpoint_min` <= p <= `checkpoint_max`
     (None: no bound), as the engine's cold_min_tokens / cold_max_tokens. With `chunk_size`
     each row is also cut into its chunk chain (`chunks.py`) and replays use the chunk model
-    (`chunksim.py`); None keeps whole rows (today's `TieredCache`)."""
+    (`chunksim.py`); None keeps whole rows (`simcache.py`, no sharing)."""
     saves = check_saves(saves)
     if checkpoint_every is not None and checkpoint_every < 1:
         raise ValueError(f"checkpoint_every must be >= 1 or None, got {checkpoint_every}")

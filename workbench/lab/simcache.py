@@ -1,17 +1,17 @@
-"""A one-tier, payload-free replica of TieredCache, for replaying long traces fast.
+"""The lab's whole-row model: rows as independent objects in one tier, each stored in full
+and shared with no other row (erllama's storage, and libCacheSim's objects), for replaying
+long traces fast. The cache itself keeps whole rows as whole-row chunks, which share
+prefixes (`chunksim.py` models that); this model is the baseline sharing is measured against.
 
-Built from the cache's own parts, so it cannot drift from them: `Catalog` (rows, their
-`PrefixIndex`, pins and the seq clock), `Level` (byte accounting, policy hooks, victim
-choice) and the eviction policies themselves. Left out: payloads, files, locks, other tiers.
-The steps are those of `TieredCache` / `TierStack` for a single tier:
+Its parts: `Catalog` (row_catalog.py: rows, their `PrefixIndex`, pins and the seq clock),
+`Level` (row_level.py: byte accounting, policy hooks, victim choice) and the cache's
+eviction policies themselves. The steps for a single tier:
 
-    hit    catalog.touch, level.hit                              (TieredCache.get)
-    put    level.admit, evict until the row fits, catalog.add,   (TierStack._reserve,
-           level.add                                              TierStack._commit)
-    evict  level.discard(evicted=True), catalog.forget           (TierStack.evict_from,
-                                                                  from the last tier)
+    hit    catalog.touch, level.hit
+    put    level.admit, evict until the row fits, catalog.add, level.add
+    evict  level.discard(evicted=True), catalog.forget
 
-Ranking. The cache (`Level.choose_victims`) ranks every row by (protected, priority(row,
+Ranking. `Level.choose_victims` ranks every row by (protected, priority(row,
 now), seq) at each eviction. The simulation picks the same victims in the same order, with
 less work when the policy allows it:
 
@@ -21,25 +21,23 @@ less work when the policy allows it:
     pure   Frecency and plain functions: the priority depends on `now` but only on the
            row and `now`, so one ranking serves every eviction at the same `now` (a
            request's checkpoint and finish saves): O(rows) once per request.
-    full   any other policy (its hooks may change priorities of other rows): the cache's
-           own `Level.choose_victims` at each eviction. S3-FIFO chooses victims itself.
+    full   any other policy (its hooks may change priorities of other rows):
+           `Level.choose_victims` at each eviction. S3-FIFO chooses victims itself.
 """
 
 from __future__ import annotations
 
 import heapq
 
-from workbench.cache.catalog import Catalog, Entry
-from workbench.cache.format import RowMeta
-from workbench.cache.levels import Level
 from workbench.cache.policies import GDSF, LFU, LRU, EvictionPolicy, Frecency, FunctionPolicy
-from workbench.cache.tiers import Detached, RowMissing, Tier
+from workbench.cache.tiers import Tier
 from workbench.cache.types import RowStats, SaveReason
+from workbench.lab.row_catalog import Catalog, Entry
+from workbench.lab.row_level import Level
 
 EVENT_DRIVEN: tuple[type, ...] = (LRU, LFU, GDSF)
 PURE: tuple[type, ...] = (Frecency, FunctionPolicy)
 INDEX_BLOCK = 2  # virtual tokens per index block (prompts are a few dozen virtual tokens)
-_FINGERPRINT = bytes(32)
 
 
 def ranking_mode(policy: EvictionPolicy) -> str:
@@ -53,24 +51,9 @@ def ranking_mode(policy: EvictionPolicy) -> str:
 
 
 class SimTier(Tier):
-    """A tier that stores nothing: the simulation needs only its budget and sizes."""
+    """A tier that stores nothing: the simulation needs only its budget."""
 
     kind = "sim"
-
-    def stored_size(self, n_tokens: int, payload_len: int) -> int:
-        return payload_len
-
-    def write(self, meta: RowMeta, payload: bytes) -> int:
-        return len(payload)
-
-    def read(self, key: str, expected_fingerprint: bytes | None = None, max_payload: int | None = None) -> bytes:
-        raise RowMissing(key)
-
-    def delete(self, key: str) -> bool:
-        return False
-
-    def detach(self, key: str, expected_fingerprint: bytes | None = None) -> Detached | None:
-        return None
 
 
 class SimCache:
@@ -105,7 +88,7 @@ class SimCache:
         return None if match is None else self._rows[match.key]
 
     def hit(self, row: RowStats, now: float) -> None:
-        """The row was read (TieredCache.get on a hit)."""
+        """The row was read (a hit)."""
         self.catalog.touch(row, now)
         self.level.hit(row)
         self._changed(row, now)
@@ -128,7 +111,7 @@ class SimCache:
         if need > 0:
             self._evict(need, now)
         old_pin = self.catalog.pins.get(namespace) if pinned else None
-        self.catalog.add(RowMeta(key, namespace, _FINGERPRINT, raw, reason, now, 0, pinned), row)
+        self.catalog.add(key, namespace, raw, row)
         self.level.add(row, size)
         self._rows[key] = row
         self.saves += 1
@@ -138,7 +121,7 @@ class SimCache:
         return True
 
     def pin(self, key: str, now: float) -> bool:
-        """Pin a cached row (TieredCache.pin); False if it is not cached."""
+        """Pin a cached row (one pinned row per namespace); False if it is not cached."""
         entry = self._entries.get(key)
         if entry is None:
             return False
@@ -147,7 +130,7 @@ class SimCache:
         return True
 
     def evict_bytes(self, n: int, now: float) -> int:
-        """Free at least `n` bytes (TieredCache.evict_bytes on the only tier)."""
+        """Free at least `n` bytes (the cache's evict_bytes)."""
         before = self.level.used
         self._evict(n, now)
         return before - self.level.used

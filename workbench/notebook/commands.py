@@ -87,7 +87,7 @@ def with_arguments(args: list[Any]) -> Callable[[Callable[..., Any]], Callable[.
 CACHE_FLAGS = ("--model", "--cache")  # the flags of every command on a cache (%wb help names them once)
 _cache_args = [argument(CACHE_FLAGS[0], metavar="ID", help="model id (default: the current model)"),
                argument(CACHE_FLAGS[1], metavar="VAR",
-                        help="a prefix cache (TieredCache or ChunkedCache) held in this variable instead")]
+                        help="a prefix cache (workbench.cache.PrefixCache) held in this variable instead")]
 
 
 @magic_arguments(name="wb load")
@@ -206,9 +206,8 @@ def _cache(m: MagicsHost, args: Any) -> Any:
 @magic_arguments(name="wb chunks")
 @with_arguments(_cache_args)
 def _chunks(m: MagicsHost, args: Any) -> Any:
-    """The chunks of a cache in chunk storage (leaves first, next victim first).
-
-    A cache of whole rows has none (a usage error)."""
+    """The chunks of a cache (leaves first, next victim first); in whole rows, one per row's
+    new KV."""
     cache = m.cache_of(args)
     with usage_errors():
         return views.cache_chunks(cache)

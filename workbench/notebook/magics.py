@@ -137,7 +137,7 @@ class WorkbenchMagics(Magics):
             obj = self.user_ns.get(args.cache)
             if not isinstance(obj, PrefixCache):
                 raise UsageError(f"--cache {args.cache}: not a variable holding a prefix cache "
-                                 "(workbench.cache.PrefixCache: a TieredCache or ChunkedCache)")
+                                 "(a workbench.cache.PrefixCache)")
             return obj
         return views.model_cache(self.model_of(getattr(args, "model", None)))
 

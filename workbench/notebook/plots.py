@@ -154,19 +154,15 @@ def tier_occupancy(tiers: Any, *, ax: Any = None) -> Any:
 
 
 def chunk_storage(cache: Any = None, *, ax: Any = None) -> Any:
-    """Chunk storage by tier (a cache in chunk storage or a model id; InvalidOption for whole rows):
+    """Chunk storage by tier (a cache or a model id; whole rows too, each row's new KV one chunk):
     per tier, the bytes of chunks several rows name (shared) beside those of chunks one row
     or none names; a chunk held by two tiers counts in each. The title sets the distinct
     bytes against what the rows would take stored whole (each row's chunks counted again)."""
     from workbench.notebook import views
     from workbench.units import format_bytes
 
-    from workbench.errors import InvalidOption
-
     c = views.resolve_cache(cache)
     chunks = c.chunk_rows()
-    if chunks is None:
-        raise InvalidOption("cache", cache, "a cache configured with storage='chunks'")
     rows = c.rows()
     names = [str(t["name"]) for t in c.list_tiers()][::-1]  # fastest on top
     fig, ax = figure_and_axes(ax, (7.0, 1.0 + 0.6 * max(1, len(names))))

@@ -48,11 +48,11 @@ def resolve_cache(cache: AnyCache | str | None = None) -> AnyCache:
     if cache is None:
         loaded = [m["model_id"] for m in wb.list_models()]
         if len(loaded) != 1:
-            raise InvalidOption("cache", None, f"a prefix cache (a TieredCache or ChunkedCache) or a model id "
+            raise InvalidOption("cache", None, f"a prefix cache (workbench.cache.PrefixCache) or a model id "
                                                   f"({len(loaded)} models are loaded)")
         cache = loaded[0]
     if not isinstance(cache, str):
-        raise InvalidOption("cache", cache, "a prefix cache (a TieredCache or ChunkedCache) or a model id")
+        raise InvalidOption("cache", cache, "a prefix cache (workbench.cache.PrefixCache) or a model id")
     return model_cache(cache)
 
 
@@ -247,13 +247,10 @@ _CHUNK_DTYPES = {
 
 
 def cache_chunks(cache: AnyCache | str | None = None) -> pd.DataFrame:
-    """Every chunk of a chunked cache (`configure_cache(storage='chunks')`), indexed by key,
-    the next victim first (only leaves are evicted; protected ones last): tier, tokens,
-    bytes, refcount (rows naming it), children, score (lower goes first), hits, parent.
-    InvalidOption for a cache of whole rows."""
+    """Every chunk of a cache (in whole rows, `storage='rows'`, one per row's new KV), indexed
+    by key, the next victim first (only leaves are evicted; protected ones last): tier,
+    tokens, bytes, refcount (rows naming it), children, score (lower goes first), hits, parent."""
     chunks = resolve_cache(cache).chunk_rows()
-    if chunks is None:
-        raise InvalidOption("cache", cache, "a cache configured with storage='chunks'")
     rows = sorted(chunks, key=lambda r: (not r["leaf"], r["protected"], r["score"]))
     return _frame(rows, _CHUNK_DTYPES, "key")
 
@@ -262,15 +259,15 @@ _TIER_DTYPES = {
     "name": "string", "kind": "category", "policy": "string", "budget_bytes": "Int64", "used_bytes": "int64",
     "reserved_bytes": "int64", "rows": "int64", "occupancy": "Float64", "budget_MiB": "Float64",
     "used_MiB": "float64", "percent_full": "Float64", "persistent": "bool", "root": "string",
+    "chunks": "int64",
 }
 
 
 def tiers(cache: AnyCache | str | None = None) -> pd.DataFrame:
     """Tiers fastest first, indexed by name: budget, use, occupancy (used / budget; NA when
-    unbounded), the same in MiB and percent, policy; in chunk storage also ``chunks``, the
-    chunks each holds."""
+    unbounded), the same in MiB and percent, policy, ``chunks``: the chunks each holds."""
     c = resolve_cache(cache)
-    dtypes = {**_TIER_DTYPES, "chunks": "int64"} if c.storage == "chunks" else _TIER_DTYPES
+    dtypes = _TIER_DTYPES
     rows = []
     for t in c.list_tiers():
         budget = t.get("budget_bytes")

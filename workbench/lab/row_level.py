@@ -1,8 +1,8 @@
-"""One tier as the cache sees it: storage + its eviction policy + which rows it holds.
+"""The whole-row model's tier (simcache.py): its eviction policy and which rows it holds.
 
 A `Level` keeps the byte accounting the budget is enforced against (`used` for committed
 rows, `reserved` for writes in flight) and chooses victims. It is not thread-safe: the
-tiered cache calls it under its lock.
+replay runs in one thread.
 """
 
 from __future__ import annotations

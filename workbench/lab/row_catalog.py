@@ -1,7 +1,5 @@
-"""Which rows exist: their bookkeeping, the prefix index over them, and the pins.
-
-The catalog knows nothing about where a row is stored (that is the tier stack's job). It is
-not thread-safe: the tiered cache calls it under its lock.
+"""The whole-row model's rows (simcache.py): their bookkeeping, the prefix index over them,
+and the pins. Not thread-safe (a replay runs in one thread).
 """
 
 from __future__ import annotations
@@ -9,17 +7,15 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from workbench.cache.format import RowMeta
 from workbench.cache.prefix_index import PrefixIndex
 from workbench.cache.types import Match, RowStats
 
 
 @dataclass(slots=True)
 class Entry:
-    """One cached row: its namespace and model (for headers and checks) and its stats."""
+    """One cached row: its namespace and its stats."""
 
     namespace: bytes
-    fingerprint: bytes
     stats: RowStats
 
 
@@ -51,33 +47,21 @@ class Catalog:
         """The logical access clock that breaks priority ties."""
         return next(self._seq)
 
-    def add(self, meta: RowMeta, stats: RowStats) -> Entry:
-        """Register a row (the caller has checked the key is new)."""
-        entry = Entry(meta.namespace, meta.fingerprint, stats)
-        self.index.insert(meta.namespace, meta.tokens, meta.key)
-        self.entries[meta.key] = entry
+    def add(self, key: str, namespace: bytes, tokens: bytes, stats: RowStats) -> Entry:
+        """Register a row of ``tokens`` (int32 bytes; the caller has checked the key is new)."""
+        entry = Entry(namespace, stats)
+        self.index.insert(namespace, tokens, key)
+        self.entries[key] = entry
         stats.seq = self.next_seq()
         if stats.pinned:
             self.pin(entry)
         return entry
-
-    def conflicts(self, key: str, namespace: bytes, tokens: bytes) -> bool:
-        """True if `key` is registered for another namespace or other tokens."""
-        entry = self.entries.get(key)
-        return entry is not None and (entry.namespace != namespace or self.index.token_bytes(key) != tokens)
 
     def forget(self, key: str) -> None:
         entry = self.entries.pop(key, None)
         self.index.remove(key)
         if entry is not None and self.pins.get(entry.namespace) == key:
             del self.pins[entry.namespace]
-
-    def meta(self, key: str) -> RowMeta:
-        """What a row file header needs to describe this row."""
-        entry = self.entry(key)
-        s = entry.stats
-        return RowMeta(key, entry.namespace, entry.fingerprint, self.index.token_bytes(key),
-                       s.reason, s.created_at, s.hits, s.pinned)
 
     def touch(self, stats: RowStats, now: float) -> None:
         """Record a hit."""
