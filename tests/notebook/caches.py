@@ -14,10 +14,10 @@ from workbench.cache.chunked import ChunkedCache
 from workbench.cache.types import SaveReason
 
 
-def whole_rows(budget: int | None = None, policy: str = "lru", clock: Callable[[], float] | None = None,
-               name: str = "ram") -> ChunkedCache:
+def whole_rows(budget: int | None = None, policy: str = "lru",
+               clock: Callable[[], float] | None = None) -> ChunkedCache:
     kw = {} if clock is None else {"clock": clock}
-    return ChunkedCache(ChunkStore(None, budget, chunk_size=WHOLE_ROWS, policy=policy, name=name, **kw))
+    return ChunkedCache(ChunkStore(None, budget, chunk_size=WHOLE_ROWS, policy=policy, **kw))
 
 
 def put(cache: ChunkedCache, ns: CacheNamespace, tokens: list[int], payload: bytes,

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from workbench.cache import CacheNamespace, HitKind, RamTier
+from workbench.cache import CacheNamespace, HitKind
 from workbench.cache.keys import row_key_from_bytes, token_bytes
 from workbench.cache.policies import PolicySpec, get_policy
 from workbench.cache.save_rule import SaveSettings, prefill_saves
@@ -32,7 +32,7 @@ class WholeRows:
 
     def __init__(self, size_bytes: int, policy: PolicySpec, clock: Callable[[], float], block_size: int) -> None:
         self.catalog = Catalog(block_size)
-        self.level = Level(RamTier("ram", size_bytes), get_policy(policy))
+        self.level = Level(size_bytes, get_policy(policy))
         self.clock = clock
 
     def __contains__(self, key: object) -> bool:

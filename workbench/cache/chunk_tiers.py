@@ -24,8 +24,15 @@ from workbench.cache.chunk_backends import ChunkDir, ChunkMemory
 from workbench.cache.chunk_catalog import ChunkInfo
 from workbench.cache.chunk_format import ChunkMeta
 from workbench.cache.policies import EvictionPolicy, bind_hooks, PolicySpec, get_policy
-from workbench.cache.tiers import effective_limit
 from workbench.cache.types import RowStats
+
+
+def effective_limit(budget: int | None, full_at: int | None) -> int | None:
+    """The bytes a tier may hold: its budget, lowered to ``full_at`` once a write found its
+    file system full (a disk smaller than the budget); None = no bound."""
+    if full_at is None:
+        return budget
+    return full_at if budget is None else min(budget, full_at)
 
 
 class ChunkTier:
@@ -68,7 +75,7 @@ class ChunkTier:
 
     @property
     def limit(self) -> int | None:
-        """The bytes it may hold (tiers.effective_limit)."""
+        """The bytes it may hold (effective_limit)."""
         return effective_limit(self.budget, self.full_at)
 
     def fits(self, size: int) -> bool:

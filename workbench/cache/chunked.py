@@ -250,8 +250,9 @@ class ChunkedCache(PrefixCache):
         """The most positions a chunk of ``hit`` holds (what its payload is bounded by: a file
         whose header claims more is refused before it is read); whole rows know it only
         from the catalog, chunks of ``chunk_size`` never hold more."""
-        chunks = self._store.chunks
-        return min(self.chunk_size, max((chunks[k].n_tokens for k in hit.chunks if k in chunks), default=0))
+        with self._lock:   # a put or an eviction may change the catalog meanwhile
+            held = [self._store.chunks.get(k) for k in hit.chunks]
+        return min(self.chunk_size, max((c.n_tokens for c in held if c is not None), default=0))
 
     def read(self, hit: ChunkHit, max_payload: int | None = None) -> list[bytes] | None:
         """The verified payloads of a hit's chunks; None (a miss) when one was evicted

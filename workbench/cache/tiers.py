@@ -15,15 +15,6 @@ from typing import Any, ClassVar
 from workbench.cache import store
 
 
-def effective_limit(budget: int | None, full_at: int | None) -> int | None:
-    """The bytes a tier may hold: its budget, lowered to ``full_at`` once a write found its
-    file system full (a disk smaller than the budget); None = no bound. One rule for the
-    chunk tiers and the lab's whole-row model (chunk_tiers.ChunkTier, lab/row_level.py)."""
-    if full_at is None:
-        return budget
-    return full_at if budget is None else min(budget, full_at)
-
-
 class Tier:
     """One level of storage with a byte budget (None = unbounded)."""
 

@@ -1,18 +1,15 @@
 """The whole-row model's tier (simcache.py): its eviction policy and which rows it holds.
 
-A `Level` keeps the byte accounting the budget is enforced against (`used` for committed
-rows, `reserved` for writes in flight) and chooses victims. It is not thread-safe: the
-replay runs in one thread.
+A `Level` keeps the byte accounting its budget is enforced against (`used`) and chooses
+victims. It is not thread-safe: the replay runs in one thread.
 """
 
 from __future__ import annotations
 
 import heapq
 from collections.abc import Mapping
-from typing import Any
 
 from workbench.cache.policies import EvictionPolicy, bind_hooks
-from workbench.cache.tiers import Tier, effective_limit
 from workbench.cache.types import RowStats
 
 
@@ -21,30 +18,16 @@ def _never(key: str) -> bool:
 
 
 class Level:
-    """A tier bound to a policy, with the set of rows it holds and their stored sizes."""
+    """A budget of bytes (None: unbounded) bound to a policy, with the rows it holds and
+    their sizes."""
 
-    def __init__(self, tier: Tier, policy: EvictionPolicy) -> None:
-        self.tier = tier
+    def __init__(self, budget: int | None, policy: EvictionPolicy) -> None:
+        self.limit = budget
         self.policy = policy
         self.sizes: dict[str, int] = {}
         self.used = 0
-        self.reserved = 0
-        self.full_at: int | None = None   # bytes it held when its file system was full
         (self._admit, self._insert, self._hit, self._evict, self._remove,
-         self._victim) = bind_hooks(policy, tier.budget_bytes)
-
-    @property
-    def name(self) -> str:
-        return self.tier.name
-
-    @property
-    def budget(self) -> int | None:
-        return self.tier.budget_bytes
-
-    @property
-    def limit(self) -> int | None:
-        """The bytes it may hold (tiers.effective_limit)."""
-        return effective_limit(self.budget, self.full_at)
+         self._victim) = bind_hooks(policy, budget)
 
     def __contains__(self, key: object) -> bool:
         return key in self.sizes
@@ -58,14 +41,7 @@ class Level:
         limit = self.limit
         if limit is None:
             return 0
-        return self.used + self.reserved + extra - limit
-
-    def file_system_full(self, unwritten: int) -> None:
-        """A write here failed with ENOSPC while `unwritten` of the reserved bytes were not
-        on disk: what the tier holds besides them is what fits, its limit from now on (it
-        is never raised again in this process)."""
-        fit = max(0, self.used + self.reserved - unwritten)
-        self.full_at = fit if self.full_at is None else min(self.full_at, fit)
+        return self.used + extra - limit
 
     def admit(self, row: RowStats) -> None:
         self._admit(row)
@@ -136,13 +112,3 @@ class Level:
                 out.append(key)
                 freed += self.sizes[key]
         return out
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            **self.tier.describe(),
-            "policy": self.policy.name,
-            "rows": len(self.sizes),
-            "used_bytes": self.used,
-            "reserved_bytes": self.reserved,
-            "full_at_bytes": self.full_at,
-        }

@@ -30,7 +30,6 @@ from __future__ import annotations
 import heapq
 
 from workbench.cache.policies import GDSF, LFU, LRU, EvictionPolicy, Frecency, FunctionPolicy
-from workbench.cache.tiers import Tier
 from workbench.cache.types import RowStats, SaveReason
 from workbench.lab.row_catalog import Catalog, Entry
 from workbench.lab.row_level import Level
@@ -50,18 +49,12 @@ def ranking_mode(policy: EvictionPolicy) -> str:
     return "pure" if type(policy) in PURE else "full"
 
 
-class SimTier(Tier):
-    """A tier that stores nothing: the simulation needs only its budget."""
-
-    kind = "sim"
-
-
 class SimCache:
     """One tier of `budget_bytes` under `policy` (an instance; give each SimCache its own)."""
 
     def __init__(self, policy: EvictionPolicy, budget_bytes: int, *, index_block: int = INDEX_BLOCK) -> None:
         self.catalog = Catalog(index_block)
-        self.level = Level(SimTier("sim", budget_bytes), policy)
+        self.level = Level(budget_bytes, policy)
         self.policy = policy
         self.mode = ranking_mode(policy)
         self._entries = self.catalog.entries
