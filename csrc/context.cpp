@@ -102,10 +102,12 @@ Context::Context(std::shared_ptr<Model> model_, const py::dict & params) : model
 
     llama_model * lm = model->get();
     ctx_ = init_context(lm, cp, "a context");
-    n_ctx = llama_n_ctx(ctx_);
+    n_ctx = llama_n_ctx_seq(ctx_);   // = llama_n_ctx with a unified KV; one stream's without
+    n_cells = llama_n_ctx(ctx_);
     n_batch = llama_n_batch(ctx_);
     n_ubatch = llama_n_ubatch(ctx_);
     n_seq_max = llama_n_seq_max(ctx_);
+    kv_streams = cp.kv_unified ? 1 : n_seq_max;
     n_threads = cp.n_threads;
     batch_ = llama_batch_init((int32_t)n_batch, 0, 1);
     set_reference_kernels(get_param<bool>(params, "reference_kernels", false));
@@ -243,6 +245,7 @@ void bind_context(py::module_ & m) {
     cls.def(py::init<std::shared_ptr<Model>, const py::dict &>(), py::arg("model"), py::arg("params"))
         .def("close", &Context::close)
         .def_readonly("n_ctx", &Context::n_ctx)
+        .def_readonly("n_cells", &Context::n_cells)
         .def_readonly("n_batch", &Context::n_batch)
         .def_readonly("n_ubatch", &Context::n_ubatch)
         .def_readonly("n_seq_max", &Context::n_seq_max)

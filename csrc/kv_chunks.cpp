@@ -56,8 +56,11 @@ std::string layout_of(const SeqState & s) {
     put<uint32_t>(out, (uint32_t)s.blocks.size());
     for (const KvBlock & b : s.blocks) {
         const KvStream & st = b.streams[0];
-        put<uint32_t>(out, b.n_stream);
-        put<uint32_t>(out, st.index);
+        // one stream, index 0: a chunk holds one sequence's cells whatever stream held them
+        // (a KV stream per sequence in deterministic mode); the join writes them as the
+        // destination context's streams, and llama.cpp restores them into the sequence's own
+        put<uint32_t>(out, 1);
+        put<uint32_t>(out, 0);
         put<uint32_t>(out, st.v_trans);
         put<uint32_t>(out, (uint32_t)st.layers.size());
         for (const KvLayer & L : st.layers) {

@@ -217,7 +217,11 @@ void join_into(const Context & ctx, const std::vector<py::bytes> & pieces, const
                uint32_t n_tokens, Alloc && alloc) {
     std::vector<Piece> checked;
     uint32_t total = 0;
-    const SeqState s = check_pieces(ctx, pieces, keys, n_tokens, checked, total);
+    SeqState s = check_pieces(ctx, pieces, keys, n_tokens, checked, total);
+    for (KvBlock & b : s.blocks) {  // the chunks' cells as stream 0 of this context's streams
+        b.n_stream = ctx.kv_streams;
+        b.streams[0].index = 0;
+    }
     const size_t size = joined_size(s, total);
     char * dst = alloc(size);
     py::gil_scoped_release release;  // a refusal inside throws a plain C++ exception

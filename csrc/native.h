@@ -116,6 +116,8 @@ public:
 
     std::shared_ptr<Model> model;
     uint32_t n_ctx = 0, n_batch = 0, n_ubatch = 0, n_seq_max = 0;
+    uint32_t n_cells = 0;  // KV cells of all sequences; n_ctx: the context of one sequence
+    uint32_t kv_streams = 1;  // 1: a unified KV; n_seq_max: a stream per sequence (kv_unified false)
     int n_threads = 0;
     bool reference_kernels = false;  // ggml's CPU reference kernels (set_reference_kernels)
     int set_reference_kernels(bool on);

@@ -64,8 +64,10 @@ class Model:
     def metadata(self) -> dict[str, str]: ...
 
 class Context:
-    """A llama_context: n_seq_max sequences sharing one (unified) KV cache."""
-    n_ctx: int
+    """A llama_context: n_seq_max sequences sharing one (unified) KV cache, or each in a stream
+    of its own (kv_unified=False: deterministic mode)."""
+    n_ctx: int    # the context one sequence can hold (all cells with a unified KV)
+    n_cells: int  # the KV cells of all sequences
     n_batch: int
     n_ubatch: int
     n_seq_max: int

@@ -139,3 +139,25 @@ def test_deterministic_mode_every_hit_kind_and_batch_gives_the_solo_cold_reply(f
     check("other process", [wb.complete(m, t, response_tokens=TOKENS) for t in texts])
     assert kinds["solo:partial"] >= 4 and kinds["solo:exact"] == 6 and kinds["other process:exact"] == 6
     assert sum(diffs.values()) == 0, dict(diffs)
+
+
+@pytest.mark.load(deterministic=True, n_seq_max=4, n_ctx=1024)
+def test_deterministic_mode_a_reply_does_not_depend_on_when_the_streams_beside_it_end(fresh_model):
+    """Three short streams end while a long one decodes: their freed cells lie below the long
+    stream's (a unified KV would put its next tokens there, summed out of position order:
+    4 of 4 such runs differed from the solo run from token 5 or 6, bits and tokens, before
+    deterministic mode gave each sequence a KV stream of its own). Every log-probability
+    must equal the solo run's, bit for bit."""
+    m = fresh_model
+    prompt = "Write a long story about a lighthouse keeper and the sea, with many details:"
+    solo = wb.complete(m, prompt, response_tokens=120, ignore_eos=True, logprobs=1, cache=False)
+    for trial in range(2):
+        long = wb.stream(m, prompt, response_tokens=120, ignore_eos=True, logprobs=1, cache=False)
+        short = [wb.stream(m, f"Short note {trial}-{i}: the", response_tokens=5 + 7 * i, ignore_eos=True,
+                           cache=False) for i in range(3)]
+        beside = long.result()
+        assert all(s.result().finish_reason == "length" for s in short)
+        assert [t.logprob for t in beside.logprobs] == [t.logprob for t in solo.logprobs], f"trial {trial}"
+        assert beside.tokens == solo.tokens
+    info = wb.model_info(m)
+    assert info["n_ctx"] == 1024 and info["deterministic"]

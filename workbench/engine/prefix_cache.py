@@ -54,8 +54,8 @@ class CachedPrefix:
 
 def kv_bytes_per_token(ctx: Any) -> int:
     """The KV bytes one token takes in ``ctx``: llama.cpp's KV buffers (the context bytes of
-    its memory breakdown) over the cells they hold (``n_ctx``)."""
-    return sum(b["context"] for b in _native.memory_breakdown(ctx)) // max(1, ctx.n_ctx)
+    its memory breakdown) over the cells they hold (``n_cells``: every sequence's)."""
+    return sum(b["context"] for b in _native.memory_breakdown(ctx)) // max(1, ctx.n_cells)
 
 
 class EngineCache:

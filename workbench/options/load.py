@@ -146,12 +146,23 @@ def context_params(cfg: Any, n_ctx_train: int) -> dict[str, Any]:
     fields: the model probe's child passes them unchecked), defaults resolved."""
     n_threads = cfg.n_threads or default_threads()
     deterministic = bool(getattr(cfg, "deterministic", False))   # the probe's child passes no such field
-    return {"n_ctx": cfg.n_ctx or min(n_ctx_train or DEFAULT_N_CTX, DEFAULT_N_CTX), "n_batch": cfg.n_batch,
+    n_ctx = cfg.n_ctx or min(n_ctx_train or DEFAULT_N_CTX, DEFAULT_N_CTX)
+    return {"n_ctx": n_ctx, "n_batch": cfg.n_batch,
             "n_ubatch": min(cfg.n_ubatch, cfg.n_batch), "n_seq_max": cfg.n_seq_max, "n_threads": n_threads,
             "n_threads_batch": cfg.n_threads_batch or n_threads,
             "flash_attn": "on" if deterministic else cfg.flash_attn,
             "type_k": cfg.type_k, "type_v": cfg.type_v, **context_overrides(cfg),
-            **({"reference_kernels": True} if deterministic else {})}
+            **(deterministic_kv(n_ctx, cfg.n_seq_max) if deterministic else {})}
+
+
+def deterministic_kv(n_ctx: int, n_seq_max: int) -> dict[str, Any]:
+    """Deterministic mode's KV: ggml's reference kernels, and a KV stream of its own for each
+    sequence, of ``n_ctx`` cells (so n_seq_max times the memory of a unified KV). In one
+    unified KV a sequence's cells are summed in cell order, and cells another sequence freed
+    below its own take its next tokens: its reply then depended on when others ended
+    (docs/architecture.md, "Warm equals cold"). A stream holds one sequence's cells in
+    position order."""
+    return {"reference_kernels": True, "kv_unified": False, "n_ctx": n_ctx * n_seq_max}
 
 
 def embed_params(cfg: Any, n_ctx_train: int) -> tuple[int, int]:
