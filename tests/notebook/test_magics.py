@@ -146,6 +146,38 @@ def test_an_empty_reply_says_why(shell: Any, model: str, capsys: pytest.CaptureF
 
 
 @pytest.mark.model
+def test_a_hit_on_a_row_another_model_id_saved_names_that_model(shell: Any, model: str,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """Two model ids loaded from one file with the same KV settings share cache rows (same
+    weights, same namespace): the second id's first request is a hit, and what shows the hit
+    (the view's line, the Result, the history) names the model whose save it restored. The
+    model's own rows add nothing to the line."""
+    prompt = ("Name three rivers of Europe and the countries each one flows through, one river per line, "
+              "in the order of their length, the longest first (nbtest saved-by):")
+    wb.complete(model, prompt, response_tokens=4, ignore_eos=True)
+    assert wb.wait_for_saves()
+    assert shell.run_cell("%wb load default --id nbtest-second --n-ctx 1024 --n-seq-max 1").success
+    try:
+        capsys.readouterr()
+        r = shell.run_cell(f"%%generate --max-tokens 4 --ignore-eos --as nbtest_s\n{prompt}")
+        assert r.success, r.error_in_exec
+        res = shell.user_ns["nbtest_s"]
+        assert res.model == "nbtest-second" and res.cache_hit_kind == "exact"
+        assert res.stats.cache_saved_by == model
+        said = f"cache: {res.stats.cache_delta['read']:,} tokens read (saved by model {model!r})"
+        assert said in capsys.readouterr().out.splitlines()[-1] and said in res.summary()
+        assert views_history("nbtest-second").iloc[-1]["cache_saved_by"] == model
+        own = wb.complete(model, prompt, response_tokens=4, ignore_eos=True)
+        assert own.stats.cache_hit_kind == "exact" and own.stats.cache_saved_by == model
+        cold = wb.complete(model, "A prompt no row holds, nbtest saved-by 7:", response_tokens=2, cache=False)
+        assert cold.stats.cache_saved_by is None
+    finally:
+        assert shell.run_cell("%wb unload nbtest-second").success
+    from workbench.notebook.results import Result
+    assert "saved by" not in Result.of(own).summary()
+
+
+@pytest.mark.model
 def test_wb_history_covers_every_request_in_milliseconds(shell: Any, model: str) -> None:
     a = wb.complete(model, "One two three", response_tokens=3, ignore_eos=True)
     b = wb.complete(model, "Four five six", response_tokens=3, ignore_eos=True)

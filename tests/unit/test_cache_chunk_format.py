@@ -1,7 +1,7 @@
 """Chunk files and manifests (chunk_format.py, version 3) against bit flips: every bit of a
 file's header and body, flipped alone, is refused with the reason of the first check it
 fails, as the row format's (test_cache_format.py). Fields no other check reads (a
-manifest's hits, created-at, pinned flag, save reason and fingerprint; a chunk's
+manifest's hits, created-at, pinned flag, save reason, fingerprint and saved-by; a chunk's
 created-at and payload checksum) are caught by the header checksum alone: without it they
 would be read silently."""
 
@@ -20,9 +20,10 @@ from workbench.cache.chunk_format import (
     encode_manifest,
     read_chunk,
     read_manifest,
+    saved_by_text,
 )
 from workbench.cache.format import CorruptReason, CorruptRow
-from workbench.cache.types import SaveReason
+from workbench.cache.types import SaveReason, stored_model_id
 
 NS = bytes(range(32))
 FP = bytes(range(100, 132))
@@ -46,7 +47,7 @@ MANIFEST_FIELDS = [
     (44, 16, "row key", {CorruptReason.HEADER_CHECKSUM}),
     (60, 32, "namespace", {CorruptReason.HEADER_CHECKSUM}),
     (92, 32, "fingerprint", {CorruptReason.HEADER_CHECKSUM}),
-    (124, 28, "reserved", {CorruptReason.HEADER_CHECKSUM}),
+    (124, 28, "saved by", {CorruptReason.HEADER_CHECKSUM}),
     (152, 8, "header checksum", {CorruptReason.HEADER_CHECKSUM}),
 ]
 
@@ -68,10 +69,10 @@ CHUNK_FIELDS = [
 ]
 
 
-def manifest_bytes() -> bytes:
+def manifest_bytes(saved_by: str = "qwen-0.5b") -> bytes:
     metas = chunks_of(NS, FP, TOKENS, CS, 5.0)
     m = Manifest(keys.row_key_from_bytes(NS, TOKENS), NS, FP, TOKENS, CS, tuple(c.key for c in metas),
-                 SaveReason.CONTINUED, 1234.5, 7, True)
+                 SaveReason.CONTINUED, 1234.5, 7, True, saved_by=saved_by)
     return encode_manifest(m)
 
 
@@ -103,10 +104,27 @@ def test_the_good_files_read_back(tmp_path):
     path.write_bytes(manifest_bytes())
     m = read_manifest(path)
     assert (m.hits, m.created_at, m.pinned, m.reason, m.fingerprint) == (7, 1234.5, True, SaveReason.CONTINUED, FP)
+    assert m.saved_by == "qwen-0.5b"
     data, payload = chunk_bytes()
     path = tmp_path / "c.kvc"
     path.write_bytes(data)
     assert read_chunk(path)[1] == payload
+
+
+@pytest.mark.parametrize("model_id, recorded", [
+    ("", ""),                                         # a save with no id, or a file from before the field
+    ("a" * 28, "a" * 28),                             # the room there is
+    ("b" * 40, "b" * 28),                             # a longer id is cut
+    ("x" * 27 + "é", "x" * 27),                       # ... between characters, never inside one
+])
+def test_the_model_that_saved_a_row_reads_back_as_recorded(tmp_path, model_id, recorded):
+    path = tmp_path / "m.kvm"
+    path.write_bytes(manifest_bytes(model_id))
+    assert read_manifest(path).saved_by == recorded == stored_model_id(model_id)
+
+
+def test_a_saved_by_field_that_is_not_utf8_reads_back_replaced_not_raised():
+    assert saved_by_text(b"\xff\xfeab" + bytes(24)) == "\ufffd\ufffdab"
 
 
 @pytest.mark.parametrize("start, size, field, reasons", MANIFEST_FIELDS, ids=[f[2] for f in MANIFEST_FIELDS])

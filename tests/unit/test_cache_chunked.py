@@ -187,3 +187,28 @@ def test_rows_are_one_snapshot_with_now_and_seq(tmp_path):
     df = views.cache_rows(c)
     assert (df["age_s"] == readings[-1] - df["created_at"]).all()
     c.close()
+
+
+def test_a_hit_says_which_model_saved_what_it_serves(cache, tmp_path, request):
+    """A row records the id of the model that saved it (the manifest's saved-by field): a hit
+    on the row names it, a chain no row names is named by the oldest row through its last
+    chunk (the save that wrote it), and a directory read again after a restart keeps it."""
+    first, second = list(range(12)), list(range(12)) + [50, 51, 52]
+    k1 = save(cache, first, saved_by="model-a")
+    k2 = save(cache, second, saved_by="model-b")
+    assert cache.origin(cache.lookup(NS, second + [9]))[0] == "model-b"
+    assert cache.origin(cache.lookup(NS, first + [9]))[0] == "model-a"
+    chain = cache.lookup(NS, list(range(8)) + [70, 71])   # two full chunks, then a new turn
+    assert chain is not None and chain.key is None and chain.n_tokens == 8
+    saved_by, saved_at = cache.origin(chain)
+    assert saved_by == "model-a" and saved_at == min(r["created_at"] for r in cache.rows())
+    assert cache.remove(k1) and cache.remove(k2)
+    assert cache.origin(chain) == (None, None)            # the rows went meanwhile
+    if request.node.callspec.params["cache"] == "dir":
+        save(cache, first, saved_by="model-a")
+        again = ChunkedCache(ChunkStore(tmp_path / "chunks", None, chunk_size=CS, ram_budget_bytes=10_000))
+        try:
+            again.scan()
+            assert again.origin(again.lookup(NS, first + [9]))[0] == "model-a"
+        finally:
+            again.close()

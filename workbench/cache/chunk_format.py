@@ -45,7 +45,9 @@ Manifest file ``<row key>.kvm``, a 160-byte header (struct ``<8sHHBBHIIIIdI16s32
       44    16   row key          keys.row_key
       60    32   namespace
       92    32   fingerprint
-     124    28   reserved         zero
+     124    28   saved by         the id of the model whose save wrote the row, UTF-8, zero
+                                  padded (cut to 28 bytes between characters); all zero: not
+                                  recorded (a file from before this field, or a save with no id)
      152     8   header checksum  xxh3-64 of bytes 0..151, the token bytes, the chunk keys, the ends
      160  4*n    token ids, then 16 * n_chunks bytes of chunk keys, then n_chunks u32 chunk ends
                  (increasing, the last n_tokens)
@@ -65,7 +67,7 @@ import xxhash
 
 from workbench.cache import keys
 from workbench.cache.format import CorruptReason, CorruptRow, open_regular
-from workbench.cache.types import SaveReason
+from workbench.cache.types import SAVED_BY_BYTES, SaveReason, stored_model_id
 
 VERSION = 3
 CHUNK_MAGIC = b"WBKVCHN\x00"
@@ -117,6 +119,7 @@ class Manifest:
     hits: int = 0
     pinned: bool = False
     ends: tuple[int, ...] = ()   # where each chunk ends; () means the fixed grid
+    saved_by: str = ""           # the model id that saved it ("" unknown): SAVED_BY_BYTES of UTF-8 at most
 
     def __post_init__(self) -> None:
         if not self.ends:
@@ -238,7 +241,7 @@ def encode_manifest(m: Manifest) -> bytes:
     header = MANIFEST_HEADER.pack(
         MANIFEST_MAGIC, VERSION, FLAG_PINNED if m.pinned else 0, int(m.reason), 0, 0, m.chunk_size,
         m.n_tokens, len(m.chunks), min(m.hits, 0xFFFFFFFF), float(m.created_at), 0, key_raw,
-        m.namespace, m.fingerprint, bytes(28), 0)
+        m.namespace, m.fingerprint, saved_by_field(m.saved_by), 0)
     body = m.tokens + b"".join(m.chunks) + struct.pack(f"<{len(m.ends)}I", *m.ends)
     check = xxhash.xxh3_64_intdigest(header[:_CHECKED] + body)
     return header[:_CHECKED] + struct.pack("<Q", check) + body
@@ -251,7 +254,7 @@ def read_manifest(path: str | os.PathLike[str]) -> Manifest:
         head = f.read(HEADER_SIZE)
         _check_magic(head, MANIFEST_MAGIC)
         (_, _, flags, reason, _, _, chunk_size, n_tokens, n_chunks, hits, created_at, _, key_raw,
-         namespace, fingerprint, _, header_check) = MANIFEST_HEADER.unpack(head)
+         namespace, fingerprint, saved_by, header_check) = MANIFEST_HEADER.unpack(head)
         if n_tokens > MAX_TOKENS or n_chunks > MAX_TOKENS:
             raise CorruptRow(CorruptReason.TOO_LARGE, f"{n_tokens} tokens in {n_chunks} chunks")
         _sizes(file_size, manifest_size(n_tokens, n_chunks))
@@ -273,4 +276,14 @@ def read_manifest(path: str | os.PathLike[str]) -> Manifest:
     if tuple(keys.chunk_keys(namespace, tokens, chunk_size, ends)) != chunk_keys:
         raise CorruptRow(CorruptReason.KEY_MISMATCH, "chunk keys")
     return Manifest(key, namespace, fingerprint, tokens, chunk_size, chunk_keys, save_reason, created_at,
-                    hits, bool(flags & FLAG_PINNED), tuple(ends))
+                    hits, bool(flags & FLAG_PINNED), tuple(ends), saved_by_text(saved_by))
+
+
+def saved_by_field(model_id: str) -> bytes:
+    """A model id as the manifest's saved-by field (types.stored_model_id), zero padded."""
+    return stored_model_id(model_id).encode("utf-8").ljust(SAVED_BY_BYTES, b"\0")
+
+
+def saved_by_text(field: bytes) -> str:
+    """The saved-by field read back (bytes that are not UTF-8 are replaced, never raised)."""
+    return field.rstrip(b"\0").decode("utf-8", errors="replace")

@@ -176,8 +176,9 @@ class ChunkStore(ChunkCatalog):
 
     def put_row(self, namespace: bytes, fingerprint: bytes, tokens: keys.Tokens,
                 pieces: Sequence[bytes], reason: SaveReason = SaveReason.FINISH, *,
-                pinned: bool = False, ends: Sequence[int] | None = None) -> str | None:
-        """Store a row; ``pieces``: the payloads of its chunks from ``plan().first`` on, cut
+                pinned: bool = False, ends: Sequence[int] | None = None, saved_by: str = "") -> str | None:
+        """Store a row (``saved_by``: the id of the model saving it); ``pieces``: the
+        payloads of its chunks from ``plan().first`` on, cut
         at ``ends`` (the plan's; default: ``plan()`` now, with no marks). Chunks stored
         already are not written again. Returns the row key, None when the row cannot fit the
         budgets or chunks before ``pieces`` are not stored (evicted since ``missing()`` or
@@ -192,7 +193,8 @@ class ChunkStore(ChunkCatalog):
                 self.counters.inc("saves_duplicate")
                 return key
             cut = self.plan(namespace, raw).ends if ends is None else tuple(ends)
-            plan = self.moves.plan_put(namespace, fingerprint, raw, pieces, SaveReason(reason), pinned, cut)
+            plan = self.moves.plan_put(namespace, fingerprint, raw, pieces, SaveReason(reason), pinned, cut,
+                                       saved_by)
         if plan is None:
             return None
         return self.moves.write_put(plan)

@@ -252,7 +252,7 @@ class TierMoves:
 
     # -- puts ----------------------------------------------------------------------------------
     def plan_put(self, namespace: bytes, fingerprint: bytes, raw: bytes, pieces: Sequence[bytes],
-                 reason: SaveReason, pinned: bool, ends: tuple[int, ...]) -> PutPlan | None:
+                 reason: SaveReason, pinned: bool, ends: tuple[int, ...], saved_by: str = "") -> PutPlan | None:
         """Under the lock: the chunks (ending at ``ends``) to write and where, room made and
         reserved, the row's stored chunks held. None when the row cannot fit
         (``saves_too_large``) or chunks before ``pieces`` are not stored (``saves_chunks_gone``:
@@ -263,7 +263,7 @@ class TierMoves:
             raise ValueError(f"chunk ends {list(ends)[:8]} are not a row of {len(raw) // 4} tokens' chunks")
         metas = chunks_of(namespace, fingerprint, raw, store.chunk_size, now, ends)
         manifest = Manifest(keys.row_key_from_bytes(namespace, raw), namespace, fingerprint, raw, store.chunk_size,
-                            tuple(m.key for m in metas), reason, now, 0, pinned, ends)
+                            tuple(m.key for m in metas), reason, now, 0, pinned, ends, saved_by)
         first = len(metas) - len(pieces)
         stored = next((i for i, m in enumerate(metas) if m.key not in store.chunks), len(metas))
         covered = stored < len(metas) and store.resolve(manifest) is not None

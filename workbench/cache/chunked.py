@@ -157,11 +157,24 @@ class ChunkedCache(PrefixCache):
             self.reject_chain(hit.chunks, CorruptReason.BAD_STATE)
             return None
         shared = hit.n_tokens if hit.key is not None and self.is_pinned(hit.key) else None
+        saved_by, saved_at = self.origin(hit)
         return Restored(hit.n_tokens, HitKind.of(hit.n_tokens, len(prompt), by_key=by_key), hit.key, hit.tier,
-                        shared)
+                        shared, saved_by, saved_at)
+
+    def origin(self, hit: ChunkHit) -> tuple[str | None, float | None]:
+        """Who saved what ``hit`` serves, and when: its row's manifest; for a chain no row
+        names, the oldest row through its last chunk (the save that wrote it). (None, None)
+        when those rows went meanwhile."""
+        with self._lock:
+            m = self._store.rows.get(hit.key) if hit.key is not None else None
+            if m is None and hit.chunks:
+                info = self._store.chunks.get(hit.chunks[-1])
+                rows = [self._store.rows[k] for k in (info.rows if info is not None else ()) if k in self._store.rows]
+                m = min(rows, key=lambda r: r.created_at, default=None)
+            return (None, None) if m is None else (m.saved_by, m.created_at)
 
     def save(self, namespace: CacheNamespace, tokens: list[int], kv: SequenceKv, reason: SaveReason, *,
-             sync: bool = False, live: bool = False, marks: Sequence[int] = ()) -> Saved | None:
+             sync: bool = False, live: bool = False, marks: Sequence[int] = (), saved_by: str = "") -> Saved | None:
         """Only the chunks the cache lacks are cut out of llama.cpp (``plan``), then stored
         (synchronously, or by the writer pool)."""
         key = keys.row_key(namespace.digest(), tokens)
@@ -173,9 +186,9 @@ class ChunkedCache(PrefixCache):
         if pieces is None:
             return None
         if sync:
-            stored = self.put(namespace, tokens, pieces, reason, live=live, ends=plan.ends)
+            stored = self.put(namespace, tokens, pieces, reason, live=live, ends=plan.ends, saved_by=saved_by)
             return None if stored is None else Saved(stored, new=True)
-        queued = self.put_async(namespace, tokens, pieces, reason, live=live, ends=plan.ends)
+        queued = self.put_async(namespace, tokens, pieces, reason, live=live, ends=plan.ends, saved_by=saved_by)
         return Saved(key, new=True) if queued else None
 
     def held(self, namespace: CacheNamespace, tokens: Tokens) -> Held:
@@ -196,7 +209,7 @@ class ChunkedCache(PrefixCache):
 
     def put(self, namespace: CacheNamespace, tokens: Tokens, pieces: list[bytes],
             reason: SaveReason | str = SaveReason.FINISH, *, pinned: bool = False, live: bool = False,
-            ends: Sequence[int] | None = None) -> str | None:
+            ends: Sequence[int] | None = None, saved_by: str = "") -> str | None:
         """Store a row from its chunks' payloads (from ``missing()`` at the time of the cut
         on, cut at ``ends``: ``plan``'s); its key, or None when not stored: too large, a
         write error, or the chunks before the cut were evicted meanwhile
@@ -205,7 +218,7 @@ class ChunkedCache(PrefixCache):
         pinned = pinned or reason is SaveReason.AGENT_PREFIX
         try:
             key = self._store.put_row(namespace.digest(), namespace.fingerprint_bytes, tokens, pieces, reason,
-                                      ends=ends)
+                                      ends=ends, saved_by=saved_by)
         except ValueError:
             self._counters.inc("saves_chunks_gone")
             return None

@@ -55,6 +55,8 @@ class Restored:
     key: str | None     # None: a chain of chunks no row names
     tier: str | None
     shared_end: int | None = None  # n_tokens when the row is a pinned (agent) prefix
+    saved_by: str | None = None    # the id of the model whose save wrote it ("": not recorded)
+    saved_at: float | None = None  # when (a unix time)
 
 
 @dataclass(slots=True, frozen=True)
@@ -92,10 +94,11 @@ class PrefixCache(abc.ABC):
 
     @abc.abstractmethod
     def save(self, namespace: CacheNamespace, tokens: list[int], kv: SequenceKv, reason: SaveReason, *,
-             sync: bool = False, live: bool = False, marks: Sequence[int] = ()) -> Saved | None:
+             sync: bool = False, live: bool = False, marks: Sequence[int] = (), saved_by: str = "") -> Saved | None:
         """Save the KV of ``kv`` (which holds exactly ``tokens``); None when dropped or failed.
         A row held already is not copied again (pinned when an agent prefix, marked live for
-        a live session). ``marks``: where shared prefixes end (a chunk ends there)."""
+        a live session). ``marks``: where shared prefixes end (a chunk ends there);
+        ``saved_by``: the id of the model saving it, recorded with the row."""
 
     def keep_stored(self, key: str, reason: SaveReason, live: bool) -> Saved:
         """A save of a row held already copies nothing: the row is pinned when it is an

@@ -41,6 +41,15 @@ class SaveReason(enum.IntEnum):
         raise ValueError(f"unknown save reason {value!r}; valid: {valid}")
 
 
+SAVED_BY_BYTES = 28   # the room a row's manifest has for the id of the model that saved it
+
+
+def stored_model_id(model_id: str) -> str:
+    """``model_id`` as a row records who saved it (chunk_format.py): its UTF-8 cut to
+    SAVED_BY_BYTES between characters. Compare a row's ``saved_by`` with this, not the id."""
+    return model_id.encode("utf-8")[:SAVED_BY_BYTES].decode("utf-8", errors="ignore")
+
+
 def reusable(prompt_len: int) -> int:
     """The most cached tokens a prompt of `prompt_len` tokens can reuse: all but its last,
     which is always decoded again, alone, for its logits (the n - 1 rule, written once)."""

@@ -133,5 +133,5 @@ class Admission:
         if restored is None:
             return 0
         whole = restored.n_tokens == reusable(len(req.prompt))   # the prompt's own row
-        req.reused_from(restored.kind, restored.shared_end, restored.key if whole else None)
+        req.reused_from(restored.kind, restored.shared_end, restored.key if whole else None, restored.saved_by)
         return min(restored.n_tokens, limit)

@@ -122,7 +122,8 @@ class Engine:
         cfg, counters, lock = self.cfg, self.counters, self._cv
         gpu_layers = cfg.n_gpu_layers if _native.cuda else 0
         self.kvcache = EngineCache(self.fingerprint, self.model.desc, dict(self.ctx_params, n_gpu_layers=gpu_layers),
-                                   counters, self.model.n_layer * self.model.n_embd) if cfg.cache else None
+                                   counters, self.model.n_layer * self.model.n_embd,
+                                   self.model_id) if cfg.cache else None
         self.sessions = SessionTable()
         self.pool = SeqPool(self.model, self.ctx_params, self.sessions, counters, lock)
         self.table = RequestTable(self.pool, self.sessions, lock)

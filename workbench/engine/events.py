@@ -27,6 +27,10 @@ class Stats:
     token, or the ``parent_key`` row). ``cache_delta``, in tokens: ``read`` = prompt tokens
     whose KV was reused (restored or live: prompt_tokens - prefilled_tokens), ``created`` =
     tokens this request added to the cache beyond those (its longest newly stored row).
+    ``cache_saved_by``: for a partial or exact hit, the id of the model whose save wrote the
+    restored row (models loaded from the same file with the same KV settings share rows, so it
+    may be another id, or the same id in an earlier process); "" when the row does not
+    record it; None when nothing was restored from the cache.
     """
 
     prompt_tokens: int
@@ -42,6 +46,7 @@ class Stats:
     seed: int | None
     cache_hit_kind: str = "cold"
     cache_delta: dict[str, int] = field(default_factory=lambda: {"read": 0, "created": 0})
+    cache_saved_by: str | None = None
     # speculative=: drafted, accepted, ..., and the adaptive policy's decisions (docs/speculative.md)
     speculative: dict[str, Any] | None = None
 

@@ -44,6 +44,7 @@ class Served:
     prefilled_tokens: int
     generated_tokens: int
     cache_hit_kind: str
+    cache_saved_by: str | None       # the model id that saved a restored row (Stats.cache_saved_by)
     finish_reason: str               # stop, length, cancelled, error
     error: str | None
     spec_drafted: int | None
@@ -64,7 +65,8 @@ class Served:
                 "tpot_s": self.tpot_s, "e2e_s": self.finished_s, "itl_s": self.gaps,
                 "prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens,
                 "prefilled_tokens": self.prefilled_tokens, "generated_tokens": self.generated_tokens,
-                "cache_hit_kind": self.cache_hit_kind, "finish_reason": self.finish_reason, "error": self.error,
+                "cache_hit_kind": self.cache_hit_kind, "cache_saved_by": self.cache_saved_by,
+                "finish_reason": self.finish_reason, "error": self.error,
                 "spec_drafted": self.spec_drafted, "spec_accepted": self.spec_accepted}
 
 
@@ -106,7 +108,8 @@ def _served(req: Any, reason: str, stats: Stats, error: BaseException | None) ->
         arrival=t0, admitted_s=None if req.admitted_at is None else req.admitted_at - t0,
         first_token_s=stats.ttft_s, finished_s=stats.total_s, gaps=np.diff(times).astype(np.float32),
         prompt_tokens=stats.prompt_tokens, prefilled_tokens=stats.prefilled_tokens,
-        generated_tokens=stats.generated_tokens, cache_hit_kind=stats.cache_hit_kind, finish_reason=reason,
+        generated_tokens=stats.generated_tokens, cache_hit_kind=stats.cache_hit_kind,
+        cache_saved_by=stats.cache_saved_by, finish_reason=reason,
         error=None if error is None else f"{type(error).__name__}: {error}",
         spec_drafted=spec.get("drafted"), spec_accepted=spec.get("accepted"))
     return served

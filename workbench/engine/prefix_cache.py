@@ -62,8 +62,9 @@ class EngineCache:
     """Restores and saves for one loaded model (its fingerprint and KV layout)."""
 
     def __init__(self, fingerprint: str, quantisation: str, ctx_params: Mapping[str, Any],
-                 counters: Any, kv_width: int | None = None) -> None:
+                 counters: Any, kv_width: int | None = None, model_id: str = "") -> None:
         self.fingerprint = fingerprint
+        self.model_id = model_id  # recorded with each row it saves (who saved a hit's row)
         self.kv_width = kv_width  # n_layer * n_embd: bounds the size of a sequence's state
         self.quantisation = quantisation
         # the KV layout, and what computed it: another llama.cpp build (kernels, state format)
@@ -128,7 +129,7 @@ class EngineCache:
         ``marks``: where shared prefixes end in ``tokens`` (chunk storage ends a chunk there).
         ``own``: among that session's own rows (see ``namespace``)."""
         return self.cache.save(self.namespace(scope, own), tokens, SeqKv(pool, seq, self.counters), reason,
-                               sync=sync, live=live, marks=marks)
+                               sync=sync, live=live, marks=marks, saved_by=self.model_id)
 
     def remove(self, key: str) -> None:
         self.cache.remove(key)

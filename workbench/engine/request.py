@@ -69,6 +69,7 @@ class Request:
     hit_kind: HitKind = HitKind.COLD
     boundaries: list[tuple[int, Any]] = field(default_factory=list)  # (position, SaveReason) ahead
     shared_end: int | None = None    # restored from a pinned (agent) prefix of this many tokens
+    saved_by: str | None = None      # restored from the cache: the id of the model that saved it
     stored_upto: int = 0             # tokens of the longest row this request stored anew
     cold_upto: int = 0               # positions 0.. computed as a cold prefill computes them (cache_saves.py)
     prompt_key: str | None = None    # row of exactly the prompt, when cached
@@ -101,10 +102,12 @@ class Request:
     def start_sampler(self, sampler: Any) -> None:
         self.sampler = sampler
 
-    def reused_from(self, kind: HitKind, shared_end: int | None = None, key: str | None = None) -> None:
+    def reused_from(self, kind: HitKind, shared_end: int | None = None, key: str | None = None,
+                    saved_by: str | None = None) -> None:
         """Where the KV it starts from came from: ``kind``; a pinned prefix of ``shared_end``
-        tokens; ``key``, the row of exactly its prompt, when that is what it restored."""
-        self.hit_kind, self.shared_end = kind, shared_end
+        tokens; ``key``, the row of exactly its prompt, when that is what it restored;
+        ``saved_by``, the model id recorded by the save that wrote a restored row."""
+        self.hit_kind, self.shared_end, self.saved_by = kind, shared_end, saved_by
         if key is not None:
             self.prompt_key = key
 
@@ -297,6 +300,7 @@ class Request:
             seed=self.seed,
             cache_hit_kind=self.hit_kind.value,
             cache_delta=self.cache_delta(),
+            cache_saved_by=self.saved_by,
             speculative=self.spec.summary() if self.spec is not None else None,
         )
 
@@ -324,6 +328,7 @@ class Request:
             "seq": self.seq,
             "session_id": self.opts.session_id,
             "cache_hit_kind": self.hit_kind.value if admitted else None,
+            "cache_saved_by": self.saved_by,
             "prompt_tokens": len(self.prompt),
             "reused_tokens": self.reused if admitted else None,
             "prefilled_tokens": self.prefilled,

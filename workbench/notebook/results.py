@@ -8,6 +8,7 @@ import html
 from dataclasses import dataclass
 from typing import Any
 
+from workbench.cache.types import stored_model_id
 from workbench.chat import ChatResult
 from workbench.engine.events import CompletionResult, Stats
 
@@ -39,13 +40,24 @@ def ended_at_once(stats: Stats | None, finish_reason: str | None, stop_sequence:
     return f"{why}; a chat model usually needs its chat template: try %%chat (or workbench.chat)"
 
 
+def saved_by_words(stats: Stats | None, model: str | None) -> str | None:
+    """"saved by model 'a'" when the KV a hit restored was saved by another model id than
+    ``model`` (the one that ran the request): models loaded from the same file with the same
+    KV settings share rows, so a "fresh" model id can start warm; None otherwise."""
+    saved_by = None if stats is None else stats.cache_saved_by
+    if saved_by is None or (model is not None and saved_by == stored_model_id(model)):
+        return None
+    return f"saved by model {saved_by!r}" if saved_by else "saved by a model the row does not name"
+
+
 def stats_line(stats: Stats | None, finish_reason: str | None = None, stop_sequence: str | None = None,
-               chat: bool = False) -> str:
+               chat: bool = False, model: str | None = None) -> str:
     """'ttft 41 ms · 88.2 tok/s · 12 prompt (3 prefilled) + 32 generated · cache: 9 tokens
     read, 34 stored · end of turn' (parts without data are left out; cache counts are
     tokens; the reason the generation ended in words, see finish_words; a reply the model
     ended before its first token says so instead, see ended_at_once: `chat`, whether the
-    request was a chat turn)."""
+    request was a chat turn; tokens read from a row another model id saved say so, see
+    saved_by_words: `model`, the request's model id)."""
     parts: list[str] = []
     if stats is not None:
         if stats.ttft_s is not None:
@@ -55,7 +67,9 @@ def stats_line(stats: Stats | None, finish_reason: str | None = None, stop_seque
         parts.append(f"{stats.prompt_tokens:,} prompt ({stats.prefilled_tokens:,} prefilled) + "
                      f"{stats.generated_tokens:,} generated")  # counts as the tables show them
         delta = stats.cache_delta or {}
-        parts.append(f"cache: {delta.get('read', 0):,} tokens read, {delta.get('created', 0):,} stored")
+        origin = saved_by_words(stats, model)
+        read = f"{delta.get('read', 0):,} tokens read" + (f" ({origin})" if origin else "")
+        parts.append(f"cache: {read}, {delta.get('created', 0):,} stored")
         spec = getattr(stats, "speculative", None)
         if spec:
             parts.append(f"speculative {spec.get('kind', '')}: {spec.get('accepted', 0)} of "
@@ -176,7 +190,7 @@ class Result:
         if self.error is not None:
             return f"error: {type(self.error).__name__}: {self.error}"
         return stats_line(self.stats, self.finish_reason, None if self.raw is None else self.raw.stop_sequence,
-                          chat=isinstance(self.raw, ChatResult))
+                          chat=isinstance(self.raw, ChatResult), model=self.model)
 
     def __repr__(self) -> str:
         preview = self.reply if len(self.reply) <= 60 else self.reply[:57] + "..."

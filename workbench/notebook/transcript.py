@@ -211,7 +211,7 @@ class Transcript:
             return f"error: {type(self.error).__name__}: {self.error}"
         if self.done is not None:
             return stats_line(self.done.stats, self.done.finish_reason, self.done.stop_sequence,
-                              chat=isinstance(self.done, ChatDone))
+                              chat=isinstance(self.done, ChatDone), model=self.model or None)
         return f"{self.state} · {self.live_line()}"
 
 

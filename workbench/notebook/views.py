@@ -90,7 +90,8 @@ _HISTORY_DTYPES = {
     "ref": "int64", "model": "string", "cache_scope": "string", "session_id": "object", "arrival": "float64",
     "queued_s": "float64", "ttft_s": "float64", "tpot_s": "float64", "e2e_s": "float64", "itl_s": "object",
     "prompt_tokens": "int64", "cached_tokens": "int64", "prefilled_tokens": "int64", "generated_tokens": "int64",
-    "cache_hit_kind": pd.CategoricalDtype(HIT_KINDS), "finish_reason": "string", "error": "string",
+    "cache_hit_kind": pd.CategoricalDtype(HIT_KINDS), "cache_saved_by": "string", "finish_reason": "string",
+    "error": "string",
     "spec_drafted": "Int64", "spec_accepted": "Int64",
 }
 LATENCY_METRICS = ("queued_s", "ttft_s", "tpot_s", "itl_s", "e2e_s")

@@ -48,7 +48,8 @@ def usage(stats: Sequence[Stats]) -> dict[str, Any]:
 def request_facts(ref: int, done: Done) -> dict[str, Any]:
     """The workbench's own reading of one choice's request."""
     s = done.stats
-    return {"ref": ref, "cache_hit_kind": s.cache_hit_kind, "cached_tokens": s.cache_delta["read"],
+    return {"ref": ref, "cache_hit_kind": s.cache_hit_kind, "cache_saved_by": s.cache_saved_by,
+            "cached_tokens": s.cache_delta["read"],
             "prefilled_tokens": s.prefilled_tokens, "ttft_s": s.ttft_s, "total_s": s.total_s,
             "queued_s": s.queued_s, "finish_key": done.finish_key, "seed": s.seed, "speculative": s.speculative}
 
