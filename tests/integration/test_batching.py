@@ -106,7 +106,7 @@ def test_invalid_grammar_and_schema_fail_at_admission(model):
     assert wb.complete(model, "x", response_tokens=2).finish_reason in ("length", "stop")
 
 
-@pytest.mark.load(prefill_chunk_size=None, n_seq_max=2, decode_budget_ms=400, n_ctx=4096)
+@pytest.mark.load(prefill_chunk_size=None, n_seq_max=2, decode_budget_ms=700, n_ctx=4096)
 def test_decode_timeout_recreates_the_context(fresh_model):
     long_prompt = " ".join(f"word{i}" for i in range(900))   # ~3,000 tokens in one decode: seconds
     r = wb.stream(fresh_model, long_prompt, response_tokens=4)
@@ -125,10 +125,11 @@ def test_decode_timeout_recreates_the_context(fresh_model):
     assert ok.finish_reason == "length" and ok.reply == _complete_within_budget(fresh_model, PROMPTS[0]).reply
 
 
-def _complete_within_budget(model: str, prompt: str, tries: int = 3) -> Any:
+def _complete_within_budget(model: str, prompt: str, tries: int = 5) -> Any:
     """A short completion on the recreated context. On a loaded 2-core machine one short step
-    can still pass the 400 ms budget now and then; a context left unusable would fail every
-    try, so up to `tries` are allowed (each timeout recreates the context again)."""
+    can still pass the 700 ms budget now and then (three in a row were seen at 400 ms beside
+    other tests); a context left unusable would fail every try, so up to `tries` are allowed
+    (each timeout recreates the context again). The long prompt's one decode takes seconds."""
     for attempt in range(tries):
         try:
             return wb.complete(model, prompt, response_tokens=8)

@@ -153,3 +153,22 @@ def test_lab_replay_frames_show_shares_as_percents() -> None:
     assert display.is_table(df)
     text = display.shown(df[["size_bytes", "hit_ratio", "prefill_saved_fraction"]])
     assert text.loc[0, "size_bytes"] == "8.0 MiB" and text.loc[0, "hit_ratio"].endswith("%")
+
+
+def test_lab_by_budget_is_a_budget_by_policy_table_in_the_metrics_format() -> None:
+    """A replay pivoted to one figure: a row per budget, a column per policy in the order
+    the replay ran them, shown as that figure is (shares as percents, budgets in MiB)."""
+    from workbench import lab
+    from workbench.errors import InvalidOption
+    from workbench.lab import traces
+
+    df = lab.replay(traces.multi_turn_chats(30, seed=0), ["lru", "fifo"], ["8MiB", "16MiB"], workers=1)
+    table = lab.by_budget(df, "prefill_saved_fraction")
+    assert list(table.columns) == ["lru", "fifo"] and list(table.index) == [8 << 20, 16 << 20]
+    assert table.loc[8 << 20, "fifo"] == df.set_index(["policy", "size_bytes"]).loc[("fifo", 8 << 20),
+                                                                                     "prefill_saved_fraction"]
+    text = display.shown(table)
+    assert list(text.index) == ["8.0 MiB", "16.0 MiB"] and all(v.endswith("%") for v in text.to_numpy().ravel())
+    assert display.is_table(table)
+    with pytest.raises(InvalidOption, match="'metric'.*'nope'"):
+        lab.by_budget(df, "nope")

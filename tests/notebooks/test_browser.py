@@ -24,6 +24,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import re
 import secrets
 import shutil
 import socket
@@ -74,9 +75,35 @@ SERVING_CELLS = [
     "views.requests()",
     "for r in wb.requests():\n    wb.cancel(r['ref'])\nprint(client.communicate(timeout=60)[0])\nsrv.stop()",
 ]
+NEWCOMER = "newcomer.ipynb"      # what a newcomer meets first, in a notebook of the test's own
+NEWCOMER_CELLS = [
+    # a plot before any %matplotlib magic: the figure shows as a picture by itself
+    "from workbench import lab\nimport pandas as pd\n"
+    "df = pd.DataFrame({'policy': ['lru', 'lru', 'lfu', 'lfu'], 'size_bytes': [1 << 20, 2 << 20] * 2,\n"
+    "                   'miss_ratio': [0.3, 0.2, 0.25, 0.1]})\nlab.plot_miss_ratio_curves(df)",
+    "%load_ext workbench\n%wb help",
+    "%wb load default",
+    # a chat model given a plain question ends its turn at once: the widget says why
+    "%%generate --temperature 0 --max-tokens 8\nWhat is the capital of France?",
+    "%%generate --max-tokens 400 --ignore-eos --as counted\nCount from one to two hundred in words:",
+    'print(f"final rate: {counted.stats.decode_tps:.1f} tok/s")',
+]
+RATE_TOLERANCE = 0.05            # the live tok/s last shown and the final one agree within this
 CANCEL_BOUND_S = 10.0            # 3,000 tokens take half a minute or more here
-PLOT_NOTEBOOKS = sorted(p.name for p in NOTEBOOKS.glob("[0-9][0-9]-*.ipynb")
-                        if "image/png" in p.read_text())
+
+
+def _shown(path: Path) -> tuple[int, int]:
+    """What a stored notebook shows: its plots (stored PNG outputs) and its generation
+    widgets (code cells that are a %%generate or %%chat)."""
+    cells = [c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
+    plots = sum("image/png" in o.get("data", {}) for c in cells for o in c.outputs)
+    return plots, sum(c.source.lstrip().startswith(("%%generate", "%%chat")) for c in cells)
+
+
+# the tutorials with something to see: a plot, or a %%generate / %%chat widget (01 has its own test)
+SHOWN_NOTEBOOKS = sorted(p.name for p in NOTEBOOKS.glob("[0-9][0-9]-*.ipynb") if p.name != NOTEBOOK and any(_shown(p)))
+WIDGETS = ".jupyter-widgets.widget-vbox:has(.wb-reply)"
+PLOTS = ".jp-OutputArea-output img[src^='data:image/png']"
 CHROMIUM_NAMES = ("chromium", "chromium-browser")
 STEP_TIMEOUT_S = 90
 
@@ -97,6 +124,23 @@ WATCH_FIRST_REPLY = """() => {
     const n = reply ? reply.textContent.length : -1;
     const all = window.__wbReplyLengths;
     if (all.length === 0 || all[all.length - 1] !== n) all.push(n);
+  };
+  new MutationObserver(seen).observe(document.body, {subtree: true, childList: true, characterData: true});
+}"""
+
+# Records, for each generation widget (by its order in the page), the tok/s figures its
+# stats line showed while the widget said `running`.
+WATCH_LIVE_RATES = """() => {
+  window.__wbLive = {};
+  const seen = () => {
+    document.querySelectorAll('.wb-reply').forEach((reply, i) => {
+      const box = reply.closest('.widget-vbox');
+      const state = box && box.querySelector('.wb-state');
+      if (!state || state.textContent !== 'running') return;
+      const m = box.innerText.match(/([\\d.]+) tok\\/s/);
+      const all = (window.__wbLive[i] = window.__wbLive[i] || []);
+      if (m && all[all.length - 1] !== parseFloat(m[1])) all.push(parseFloat(m[1]));
+    });
   };
   new MutationObserver(seen).observe(document.body, {subtree: true, childList: true, characterData: true});
 }"""
@@ -152,7 +196,7 @@ def _copy_notebooks(dest: Path) -> None:
             if cell.cell_type == "code":
                 cell.outputs, cell.execution_count = [], None
         nbformat.write(nb, dest / path.name)
-    for name, cells in ((CONTROLS, CONTROL_CELLS), (SERVING, SERVING_CELLS)):
+    for name, cells in ((CONTROLS, CONTROL_CELLS), (SERVING, SERVING_CELLS), (NEWCOMER, NEWCOMER_CELLS)):
         nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
         nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
         nbformat.write(nb, dest / name)
@@ -281,10 +325,29 @@ def _wait_all_cells(page: Any, n: int, timeout_s: float = STEP_TIMEOUT_S) -> Non
         f".filter(p => /\\d/.test(p.textContent)).length === {n}", timeout=timeout_s * 1000)
 
 
+def _shoot_all(page: Any, stem: str) -> tuple[int, int]:
+    """Screenshots of every plot and every generation widget on the page, for a reviewer:
+    test-artifacts/jupyterlab-<stem>-plot-<i>.png and -widget-<i>.png; their numbers."""
+    plots, widgets = page.locator(PLOTS).all(), page.locator(WIDGETS).all()
+    for kind, found in (("plot", plots), ("widget", widgets)):
+        for i, element in enumerate(found, 1):
+            element.scroll_into_view_if_needed()
+            element.screenshot(path=str(ARTIFACTS / f"jupyterlab-{stem}-{kind}-{i}.png"))
+    return len(plots), len(widgets)
+
+
+def _rate(text: str) -> float:
+    """The tok/s figure of a widget's stats line."""
+    found = re.search(r"([\d.]+) tok/s", text)
+    assert found, text
+    return float(found.group(1))
+
+
 def test_quickstart_streams_into_widgets_and_the_second_run_is_exact(lab: tuple[Lab, Any]) -> None:
     with _notebook_page(lab, NOTEBOOK, before_run=WATCH_FIRST_REPLY) as page:
         _wait_all_cells(page, _code_cells(NOTEBOOKS / NOTEBOOK))
-        widgets = page.locator(".jupyter-widgets.widget-vbox:has(.wb-reply)")
+        widgets = page.locator(WIDGETS)
+        _shoot_all(page, Path(NOTEBOOK).stem)
         widgets.nth(1).scroll_into_view_if_needed()
         page.screenshot(path=str(SCREENSHOT))
         seen = [{"badge": w.locator(".wb-badge").inner_text(), "state": w.locator(".wb-state").inner_text(),
@@ -333,20 +396,54 @@ def test_cancel_click_during_a_foreground_cell_and_the_live_badge(lab: tuple[Lab
     assert not any("Traceback" in text for text in printed), printed
 
 
-@pytest.mark.parametrize("name", PLOT_NOTEBOOKS)
-def test_notebook_runs_in_the_page_and_its_plot_renders(lab: tuple[Lab, Any], name: str) -> None:
-    shot = ARTIFACTS / f"jupyterlab-{Path(name).stem}-plot.png"
+@pytest.mark.parametrize("name", SHOWN_NOTEBOOKS)
+def test_notebook_runs_in_the_page_and_shows_its_plots_and_widgets(lab: tuple[Lab, Any], name: str) -> None:
+    """Every plot and generation widget the stored notebook has appears in the page; each is
+    saved as a screenshot."""
+    stem, (plots, widgets) = Path(name).stem, _shown(NOTEBOOKS / name)
     with _notebook_page(lab, name) as page:
         _wait_all_cells(page, _code_cells(NOTEBOOKS / name), timeout_s=300)
-        plot = page.locator(".jp-OutputArea-output img[src^='data:image/png']").first
-        plot.scroll_into_view_if_needed()
-        plot.screenshot(path=str(shot))
-        size = plot.bounding_box()
+        n_plots, n_widgets = _shoot_all(page, stem)
+        sizes = [p.bounding_box() for p in page.locator(PLOTS).all()]
+        states = page.locator(f"{WIDGETS} .wb-state").all_inner_texts()
         errors = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']"
                               ).all_inner_texts()
-    assert size is not None and size["width"] > 200 and size["height"] > 100, size
-    assert shot.stat().st_size > 5_000
+    assert n_plots >= plots, f"{n_plots} of {plots} plots appeared in {name}"
+    assert all(s is not None and s["width"] > 200 and s["height"] > 100 for s in sizes), sizes
+    assert all((ARTIFACTS / f"jupyterlab-{stem}-plot-{i}.png").stat().st_size > 5_000 for i in range(1, n_plots + 1))
+    assert n_widgets >= widgets, f"{n_widgets} of {widgets} generation widgets appeared in {name}"
+    assert all(s in ("done", "cancelled") for s in states), states
     assert not any("Traceback" in e for e in errors), errors
+
+
+def test_what_a_newcomer_meets_first(lab: tuple[Lab, Any]) -> None:
+    """A plot with no %matplotlib magic before it, `%wb help`, an empty reply that says why,
+    and a generation whose live tok/s (the last the running widget showed) and final tok/s
+    agree within RATE_TOLERANCE (one clock: the engine's token times)."""
+    with _notebook_page(lab, NEWCOMER, before_run=WATCH_LIVE_RATES) as page:
+        counting = page.locator(WIDGETS).nth(1)
+        page.wait_for_function("() => { const s = document.querySelectorAll('.wb-state')[1];"
+                               " return s && s.textContent === 'running' && /tok\\/s/.test("
+                               "s.closest('.widget-vbox').innerText); }", timeout=STEP_TIMEOUT_S * 2000)
+        counting.screenshot(path=str(ARTIFACTS / "jupyterlab-newcomer-running.png"))
+        _wait_all_cells(page, len(NEWCOMER_CELLS), timeout_s=300)
+        _shoot_all(page, "newcomer")
+        cells = page.locator(".jp-CodeCell")
+        first_plot = cells.nth(0).locator(PLOTS).first.bounding_box()
+        help_text = cells.nth(1).locator(".jp-OutputArea-output").all_inner_texts()
+        empty, counted = [w.inner_text() for w in page.locator(WIDGETS).all()]
+        empty_reply = page.locator(WIDGETS).nth(0).locator(".wb-reply").inner_text()
+        live = page.evaluate("() => window.__wbLive[1] || []")
+        printed = page.locator(".jp-OutputArea-output").all_inner_texts()
+    assert first_plot is not None and first_plot["width"] > 200, "the plot did not appear without %matplotlib"
+    shown = "\n".join(help_text)
+    assert all(w in shown for w in ("Load a model", "%%generate", "%%chat", "cluster start")), shown
+    assert empty_reply.strip() == "" and "the model ended its turn at once" in empty and "try %%chat" in empty, empty
+    final = _rate(counted.split("done", 1)[1])
+    assert any(f"final rate: {final:.1f} tok/s" in t for t in printed), printed
+    assert len(live) >= 2, f"the running widget showed no live rate: {live}"
+    assert abs(live[-1] - final) <= RATE_TOLERANCE * final, f"live {live[-3:]} vs final {final} tok/s"
+    assert not any("Traceback" in t for t in printed), printed
 
 
 def test_a_client_outside_the_kernel_shows_in_the_notebooks_requests_view(lab: tuple[Lab, Any]) -> None:

@@ -16,14 +16,14 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["DEFAULT_BYTES_PER_TOKEN", "belady", "chunkrank", "chunks", "chunksim", "default_sizes", "experiment",
-           "load", "load_sweep", "load_test", "LoadResult", "measure", "native", "plan",
+__all__ = ["DEFAULT_BYTES_PER_TOKEN", "belady", "by_budget", "chunkrank", "chunks", "chunksim", "default_sizes",
+           "experiment", "load", "load_sweep", "load_test", "LoadResult", "measure", "native", "plan",
            "plot_miss_ratio_curves", "record", "recording", "replay", "SAVE_KINDS", "simcache", "sweep", "SweepResult",
            "traces"]
 
 _MODULES = {"belady", "chunkrank", "chunks", "chunksim", "experiment", "load", "native", "plan", "recording",
             "simcache", "sweep", "traces"}
-_NAMES = {"replay", "measure", "plot_miss_ratio_curves", "default_sizes", "DEFAULT_POLICIES",
+_NAMES = {"replay", "by_budget", "measure", "plot_miss_ratio_curves", "default_sizes", "DEFAULT_POLICIES",
           "DEFAULT_BYTES_PER_TOKEN", "SAVE_KINDS"}
 
 

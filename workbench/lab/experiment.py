@@ -40,6 +40,7 @@ from typing import Any
 from workbench.cache.chunk_store import DEFAULT_CHUNK_SIZE  # the lab replays the real cache's default
 from workbench.cache.policies import EvictionPolicy, PolicySpec, get_policy
 from workbench.cache.types import HitKind
+from workbench.errors import InvalidOption
 from workbench.lab.belady import LABEL as OPTIMAL
 from workbench.lab.belady import Belady, FutureUses, is_belady
 from workbench.lab.native import native_plan
@@ -52,8 +53,8 @@ DEFAULT_BYTES_PER_TOKEN = 23_040  # SmolLM2-135M: 30 layers * 2 (K, V) * 192 * 2
 DEFAULT_POLICIES: tuple[str, ...] = ("lru", "lfu", "frecency", "gdsf", "s3fifo")
 TIMELINE_COLUMNS = ["policy", "size_bytes", "request", "time_s", "used_bytes", "rows", "evictions", "hits", "misses"]
 
-__all__ = ["DEFAULT_BYTES_PER_TOKEN", "DEFAULT_POLICIES", "SAVE_KINDS", "Plan", "build_plan", "default_sizes",
-           "measure", "plot_miss_ratio_curves", "replay"]
+__all__ = ["DEFAULT_BYTES_PER_TOKEN", "DEFAULT_POLICIES", "SAVE_KINDS", "Plan", "build_plan", "by_budget",
+           "default_sizes", "measure", "plot_miss_ratio_curves", "replay"]
 
 
 def replay(trace: Trace | Sequence[Sequence[int]], policies: Iterable[PolicySpec] = DEFAULT_POLICIES,
@@ -162,6 +163,19 @@ def replay(trace: Trace | Sequence[Sequence[int]], policies: Iterable[PolicySpec
     from workbench.notebook.display import table  # shown with units in IPython; the figures stay raw
 
     return table(df)
+
+
+def by_budget(df: Any, metric: str = "miss_ratio") -> Any:
+    """``replay``'s ``metric`` as a table: a row per budget (``size_bytes``), a column per
+    policy in the replay's order; shown in the metric's display format (a ratio as a
+    percent, bytes in MiB), the figures raw."""
+    if metric not in getattr(df, "columns", ()) or metric in ("policy", "size_bytes"):
+        raise InvalidOption("metric", metric, "a figure column of lab.replay's frame (miss_ratio, "
+                            "prefill_saved_fraction, ...)", "lab.by_budget")
+    from workbench.notebook.display import table
+
+    out = df.pivot(index="size_bytes", columns="policy", values=metric)
+    return table(out[list(dict.fromkeys(df["policy"]))], values=metric)
 
 
 def plot_miss_ratio_curves(df: Any, *, metric: str = "miss_ratio", ax: Any = None) -> Any:

@@ -30,6 +30,7 @@ import pandas as pd
 from workbench.units import format_bytes
 
 TABLE_ATTR = "workbench.table"   # the mark table() sets in DataFrame.attrs
+VALUES_ATTR = "workbench.values"  # table(df, values=name): every column shown as column `name` would be
 
 FRACTIONS = ("occupancy", "acceptance", "share")           # shown as a percent, as *_ratio / *_fraction are
 CLOCKS = ("score", "arrival")                             # readings of a clock (seconds), as *_at are
@@ -43,10 +44,14 @@ _HEX_KEY = re.compile(r"^[0-9a-f]{32,}$")
 Format = Callable[[Any], str]
 
 
-def table(df: pd.DataFrame) -> pd.DataFrame:
+def table(df: pd.DataFrame, values: str | None = None) -> pd.DataFrame:
     """Mark ``df`` to show with the workbench's display format in IPython (and make sure the
-    running IPython shell, if any, shows marked frames so); returns ``df`` itself."""
+    running IPython shell, if any, shows marked frames so); returns ``df`` itself.
+    ``values``: the name of the figure every column holds (a pivot of one column, whose
+    columns are named by the pivot's keys), formatted as that column would be."""
     df.attrs[TABLE_ATTR] = True
+    if values is not None:
+        df.attrs[VALUES_ATTR] = values
     install()
     return df
 
@@ -205,7 +210,8 @@ def _guarded(fmt: Format) -> Format:
 def shown(df: pd.DataFrame) -> pd.DataFrame:
     """A copy of ``df`` with every figure as the text the workbench shows for it (same
     index, columns and order; the index's keys, sizes and clock readings formatted too)."""
-    out = pd.DataFrame({i: [column_format(c, df.dtypes.iloc[i])(v) for v in df.iloc[:, i]]
+    values = df.attrs.get(VALUES_ATTR)
+    out = pd.DataFrame({i: [column_format(values or c, df.dtypes.iloc[i])(v) for v in df.iloc[:, i]]
                         for i, c in enumerate(df.columns)}, index=_shown_index(df.index))
     out.columns = df.columns
     return out
