@@ -129,6 +129,20 @@ def test_the_local_ray_advertises_loopback_only(cluster):
     assert not beyond
 
 
+def test_the_replicas_run_at_the_drivers_priority(cluster):
+    """Ray starts its workers at niceness 15 unless told otherwise; the local Ray of start()
+    runs them at 0, so a replica competes for the CPU as the notebook does (at 15, beside two
+    busy processes, a replica's 180-token prefill took 40 s instead of 2)."""
+    import os
+
+    import psutil
+
+    replicas = [p for p in psutil.Process().children(recursive=True) if "ReplicaActor" in p.name()
+                or any("ReplicaActor" in part for part in p.cmdline())]
+    assert len(replicas) >= 2
+    assert {p.nice() for p in replicas} == {os.getpriority(os.PRIO_PROCESS, 0)}
+
+
 @contextmanager
 def private_caches(cluster):
     """cache_sync 'manual': a replica sees only its own rows of the shared tier until

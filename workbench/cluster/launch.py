@@ -30,6 +30,11 @@ WHERE = "cluster option"
 # A local Ray's raylet exits when its agent has not registered within this; Ray's 30 s
 # default was too short here on a loaded 2-core machine (load 12+: start failed)
 AGENT_REGISTER_TIMEOUT_MS = 120_000
+# A local Ray's workers (the replicas) run at this niceness. Ray's default, 15, gives them
+# about 1/28 of a core's share beside any process at the default 0: with two busy processes
+# on this 2-core machine a replica's 180-token prefill took 39-44 s (decode steps past a
+# 30 s budget) where it takes 1.3 s alone. 0: the replicas compete as the notebook does.
+WORKER_NICENESS = 0
 # the address a local Ray's node advertises and its services listen on, unless the caller
 # names another: loopback, so nothing beyond this machine reaches them
 LOCAL_NODE_IP = "127.0.0.1"
@@ -122,7 +127,8 @@ def init_ray(address: str | None, num_cpus: int, node_ip_address: str | None = N
     with _loopback_allowed(node_ip):
         ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
                  logging_level=logging.ERROR, _node_ip_address=node_ip,
-                 _system_config={"agent_register_timeout_ms": AGENT_REGISTER_TIMEOUT_MS})
+                 _system_config={"agent_register_timeout_ms": AGENT_REGISTER_TIMEOUT_MS,
+                                 "worker_niceness": WORKER_NICENESS})
     got = ray.util.get_node_ip_address()
     if got != node_ip:  # never served on an address the caller did not ask for
         ray.shutdown()
