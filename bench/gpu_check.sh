@@ -29,6 +29,14 @@ TOOLS="llama-bench llama-batched-bench llama-lookup llama-speculative-simple"
 started=$(date +%s)
 
 step() { echo "== $1 (+$(( $(date +%s) - started )) s)" | tee -a "$LOG"; }
+# a bench that fails is a finding too: its part of the figures says so, the others still run
+bench() {
+  local name=$1; shift
+  "$@" --json "$PARTS/$name.json" >>"$LOG" 2>&1 || {
+    echo "   $name failed: $(tail -1 "$LOG")" | tee -a "$LOG"
+    $PY -c 'import json, sys; print(json.dumps({"error": sys.argv[1]}))' "$(tail -1 "$LOG")" > "$PARTS/$name.json"
+  }
+}
 run() { "$@" >>"$LOG" 2>&1 || { echo "gpu_check: failed: $* (see $LOG)" >&2; tail -20 "$LOG" >&2; exit 1; }; }
 
 if [[ $MODE == gpu ]]; then
@@ -57,11 +65,11 @@ $PY -m pytest tests/native tests/integration/test_generation.py tests/integratio
   || echo "   some tests failed (listed in $LOG)" | tee -a "$LOG"
 
 step "bench_throughput beside llama-bench"
-run $PY bench/bench_throughput.py --rounds "$ROUNDS" --json "$PARTS/throughput.json"
+bench throughput $PY bench/bench_throughput.py --rounds "$ROUNDS"
 step "bench_batching beside llama-batched-bench"
-run $PY bench/bench_batching.py --ntg "$NTG" --reps 1 --json "$PARTS/batching.json"
+bench batching $PY bench/bench_batching.py --ntg "$NTG" --reps 1
 step "n-gram speculation on code edits"
-run $PY bench/bench_speculative.py --classes code --rounds "$ROUNDS" --n-predict "$NPRED" --json "$PARTS/speculative.json"
+bench speculative $PY bench/bench_speculative.py --classes code --rounds "$ROUNDS" --n-predict "$NPRED"
 step "done"
 
 $PY - "$PARTS" "$RESULT" "$MODE" "$(( $(date +%s) - started ))" <<'EOF'
