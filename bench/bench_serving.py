@@ -133,9 +133,10 @@ class LlamaServer:
 
     name = "llama-server"
 
-    def __init__(self, args: argparse.Namespace, model: Path) -> None:
+    def __init__(self, args: argparse.Namespace, model: Path, flags: Any = None) -> None:
+        """``flags(port)``: the command line's flags (default: this bench's ``server_flags``)."""
         port = _free_port()
-        self.cmd = [str(tool("llama-server")), *server_flags(args, model, port)]
+        self.cmd = [str(tool("llama-server")), *(flags(port) if flags else server_flags(args, model, port))]
         self.log = tempfile.NamedTemporaryFile("w+", prefix="bench-serving-llama-server-", suffix=".log")
         self.proc = subprocess.Popen(self.cmd, stdout=self.log, stderr=subprocess.STDOUT)
         self.url = f"http://127.0.0.1:{port}"
@@ -171,8 +172,8 @@ class WorkbenchServer:
 
     name = "workbench"
 
-    def __init__(self, args: argparse.Namespace, model: Path) -> None:
-        self.options = load_options(args, model)
+    def __init__(self, args: argparse.Namespace, model: Path, options: dict[str, Any] | None = None) -> None:
+        self.options = options if options is not None else load_options(args, model)
         self.cmd = [sys.executable, str(Path(__file__).resolve()), "--serve-workbench", json.dumps(self.options)]
         self.proc = subprocess.Popen(self.cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         assert self.proc.stdout is not None

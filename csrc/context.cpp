@@ -246,6 +246,7 @@ void bind_context(py::module_ & m) {
         .def("close", &Context::close)
         .def_readonly("n_ctx", &Context::n_ctx)
         .def_readonly("n_cells", &Context::n_cells)
+        .def_readonly("kv_streams", &Context::kv_streams)
         .def_readonly("n_batch", &Context::n_batch)
         .def_readonly("n_ubatch", &Context::n_ubatch)
         .def_readonly("n_seq_max", &Context::n_seq_max)
@@ -269,8 +270,18 @@ void bind_context(py::module_ & m) {
         .def("seq_cp", [](Context & self, llama_seq_id src, llama_seq_id dst, llama_pos p0, llama_pos p1) {
             check_seq(self, src);
             check_seq(self, dst);
+            // between two KV streams llama.cpp copies whole streams only and asserts (aborts
+            // the process) on a range: refused here instead
+            if (self.kv_streams > 1 && src != dst && (p0 > 0 || p1 > 0)) {
+                throw py::value_error("seq_cp: with a KV stream per sequence (kv_unified off) only whole "
+                                      "sequences are copied: p0 and p1 must be -1, got " +
+                                      std::to_string(p0) + " and " + std::to_string(p1));
+            }
             llama_memory_seq_cp(llama_get_memory(self.get()), src, dst, p0, p1);
-        }, py::arg("src"), py::arg("dst"), py::arg("p0") = -1, py::arg("p1") = -1)
+        }, py::arg("src"), py::arg("dst"), py::arg("p0") = -1, py::arg("p1") = -1,
+           "Copy src's cells in positions [p0, p1) to dst (-1: unbounded). A unified KV shares "
+           "the cells; with a stream per sequence only whole sequences (p0 = p1 = -1), copied "
+           "at the next decode.")
         .def("seq_keep", [](Context & self, llama_seq_id seq) {
             check_seq(self, seq);
             llama_memory_seq_keep(llama_get_memory(self.get()), seq);

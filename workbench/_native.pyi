@@ -68,6 +68,7 @@ class Context:
     of its own (kv_unified=False: deterministic mode)."""
     n_ctx: int    # the context one sequence can hold (all cells with a unified KV)
     n_cells: int  # the KV cells of all sequences
+    kv_streams: int  # 1: a unified KV; n_seq_max: a stream per sequence (deterministic mode)
     n_batch: int
     n_ubatch: int
     n_seq_max: int

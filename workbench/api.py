@@ -10,9 +10,9 @@ import itertools
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
-from . import registry
+from . import registry, samples
 from .cache.shared import shared_cache
 from .engine.engine import Engine
 from .engine.events import CompletionResult
@@ -31,6 +31,7 @@ from . import chat as _chat
 from . import embed as _embed
 from .chat import ChatResult, ChatStream, RenderedChat
 from .chat.thinking import ThinkingStream
+from .samples import SampleStream
 
 # --- models ------------------------------------------------------------------------------
 
@@ -353,21 +354,49 @@ def render_chat_template(model: str, messages: Sequence[Mapping[str, Any]],
     return _chat.render(eng.model, tmpls, messages, tools, copts, rq.add_special, rq.parse_special)
 
 
+@overload
 def chat_stream(model: str, messages: Sequence[Mapping[str, Any]],
-                tools: Sequence[Mapping[str, Any]] | None = None, tool_choice: Any = None,
-                **opts: Any) -> ChatStream:
+                tools: Sequence[Mapping[str, Any]] | None = None, tool_choice: Any = None, *, n: None = None,
+                **opts: Any) -> ChatStream: ...
+@overload
+def chat_stream(model: str, messages: Sequence[Mapping[str, Any]],
+                tools: Sequence[Mapping[str, Any]] | None = None, tool_choice: Any = None, *, n: int,
+                **opts: Any) -> SampleStream: ...
+def chat_stream(model: str, messages: Sequence[Mapping[str, Any]],
+                tools: Sequence[Mapping[str, Any]] | None = None, tool_choice: Any = None, *, n: int | None = None,
+                **opts: Any) -> ChatStream | SampleStream:
     """One chat turn as a stream: the events of stream() (Thinking / ThinkingEnd split out
-    when thinking='enabled'), ending with a ChatDone (a Done) carrying the parsed message."""
+    when thinking='enabled'), ending with a ChatDone (a Done) carrying the parsed message.
+    ``n``: that many samples of the turn, one SampleStream (workbench/samples.py)."""
+    if n is not None:
+        return samples.start(lambda **o: chat_stream(model, messages, tools, tool_choice, **o),
+                             samples.counts(n)[0], opts)
     eng = registry.get(model)
     p = _chat.plan(eng, messages, tools, tool_choice, opts)
     return ChatStream(start(eng, prompt_tokens(eng, p.rendered.tokens, p.request), p.request), p)
 
 
+@overload
 def chat(model: str, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None,
-         tool_choice: Any = None, **opts: Any) -> ChatResult:
+         tool_choice: Any = None, *, n: None = None, best_of: None = None, **opts: Any) -> ChatResult: ...
+@overload
+def chat(model: str, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None,
+         tool_choice: Any = None, *, n: int, best_of: int | None = None, **opts: Any) -> list[ChatResult]: ...
+@overload
+def chat(model: str, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None,
+         tool_choice: Any = None, *, n: int | None = None, best_of: int, **opts: Any) -> list[ChatResult]: ...
+def chat(model: str, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None,
+         tool_choice: Any = None, *, n: int | None = None, best_of: int | None = None,
+         **opts: Any) -> ChatResult | list[ChatResult]:
     """One chat turn: render, generate, parse. Returns the assistant message
     (content, reasoning_content, tool_calls [{id, name, arguments}]) with the completion's
-    tokens, finish reason and stats. Ctrl-C cancels the request before re-raising."""
+    tokens, finish reason and stats. Ctrl-C cancels the request before re-raising.
+    ``n`` / ``best_of``: a list of samples of the turn, as complete()'s (workbench/samples.py)."""
+    if n is not None or best_of is not None:
+        n_out, k = samples.counts(1 if n is None else n, best_of)
+        s = samples.start(lambda **o: chat_stream(model, messages, tools, tool_choice, **o), k,
+                          samples.scored_opts(opts, best_of))
+        return samples.keep(collect(s), n_out, best_of)
     return chat_stream(model, messages, tools, tool_choice, **opts).result()
 
 

@@ -11,18 +11,22 @@ reasoning block comes as Thinking / ThinkingEnd events; the engine sees an ordin
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, overload
 
-from . import registry
+from . import registry, samples
 from .engine.engine import Engine
 from .engine.events import CompletionResult
 from .engine.stream import Stream
 from .engine.tokens import tokenize_within
 from .errors import EmptyPrompt, InvalidOption
 from .options import RequestOptions, build, split_thinking
+from .samples import SampleStream
 
 if TYPE_CHECKING:
     from .chat.raw_thinking import ThinkingResultStream
+
+R = TypeVar("R")
+R_co = TypeVar("R_co", covariant=True)
 
 
 def token_list(eng: Engine, tokens: Any, key: str) -> list[int]:
@@ -58,9 +62,19 @@ def draft_engine(opts: RequestOptions) -> Engine | None:
     return registry.get(spec.draft) if spec is not None and spec.draft is not None else None
 
 
-def stream(model: str, prompt: str | Sequence[int], **opts: Any) -> Stream | ThinkingResultStream:
+@overload
+def stream(model: str, prompt: str | Sequence[int], *, n: None = None,
+           **opts: Any) -> Stream | ThinkingResultStream: ...
+@overload
+def stream(model: str, prompt: str | Sequence[int], *, n: int, **opts: Any) -> SampleStream: ...
+def stream(model: str, prompt: str | Sequence[int], *, n: int | None = None,
+           **opts: Any) -> Stream | ThinkingResultStream | SampleStream:
     """Start a request; iterate the returned Stream (or ``async for``) for typed events.
-    With ``thinking=True`` the reasoning block comes as Thinking / ThinkingEnd events."""
+    With ``thinking=True`` the reasoning block comes as Thinking / ThinkingEnd events.
+    ``n``: that many samples of the prompt, one SampleStream of ``Sample(index, event)``
+    (workbench/samples.py)."""
+    if n is not None:
+        return samples.start(lambda **o: stream(model, prompt, **o), samples.counts(n)[0], opts)
     eng = registry.get(model)
     topts, given = split_thinking(opts)
     ropts = build(RequestOptions, given)
@@ -78,16 +92,42 @@ def start(eng: Engine, tokens: list[int], ropts: RequestOptions) -> Stream:
     return Stream(eng, eng.submit(tokens, ropts, draft=draft_engine(ropts)))
 
 
-def complete(model: str, prompt: str | Sequence[int], **opts: Any) -> CompletionResult:
+@overload
+def complete(model: str, prompt: str | Sequence[int], *, n: None = None, best_of: None = None,
+             **opts: Any) -> CompletionResult: ...
+@overload
+def complete(model: str, prompt: str | Sequence[int], *, n: int, best_of: int | None = None,
+             **opts: Any) -> list[CompletionResult]: ...
+@overload
+def complete(model: str, prompt: str | Sequence[int], *, n: int | None = None, best_of: int,
+             **opts: Any) -> list[CompletionResult]: ...
+def complete(model: str, prompt: str | Sequence[int], *, n: int | None = None, best_of: int | None = None,
+             **opts: Any) -> CompletionResult | list[CompletionResult]:
     """Generate a reply and return it with its tokens, finish reason and stats (a
     ThinkingResult with ``thinking=True``).
 
-    Ctrl-C (a notebook's Interrupt) cancels the request before re-raising.
+    ``n`` (and ``best_of``): a list of ``n`` samples of the prompt, its prefill computed once;
+    with ``best_of`` the ``n`` of highest mean logprob per token among ``best_of``, best
+    first (workbench/samples.py).
+
+    Ctrl-C (a notebook's Interrupt) cancels the request (every sample) before re-raising.
     """
+    if n is not None or best_of is not None:
+        n_out, k = samples.counts(1 if n is None else n, best_of)
+        s = samples.start(lambda **o: stream(model, prompt, **o), k, samples.scored_opts(opts, best_of))
+        return samples.keep(collect(s), n_out, best_of)
     return collect(stream(model, prompt, **opts))
 
 
-def collect(s: Stream | ThinkingResultStream) -> CompletionResult:
+class Ending(Protocol[R_co]):
+    """What ``collect`` waits on: a Stream, a ThinkingResultStream, a ChatStream, a SampleStream."""
+
+    def wait(self, timeout: float | None = None) -> bool: ...
+    def cancel(self) -> None: ...
+    def result(self) -> R_co: ...
+
+
+def collect(s: Ending[R]) -> R:
     """Wait for a stream's end and return its result (raises the request's error)."""
     try:
         # wait for the end without waking per token (each wake-up costs the loop thread

@@ -107,9 +107,13 @@ def test_invalid_grammar_and_schema_fail_at_admission(model):
     assert wb.complete(model, "x", response_tokens=2).finish_reason in ("length", "stop")
 
 
-@pytest.mark.load(prefill_chunk_size=None, n_seq_max=2, decode_budget_ms=700, n_ctx=4096)
+@pytest.mark.load(prefill_chunk_size=None, n_seq_max=2, decode_budget_ms=5000, n_ctx=8192, n_batch=4096)
 def test_decode_timeout_recreates_the_context(fresh_model):
-    long_prompt = " ".join(f"word{i}" for i in range(900))   # ~3,000 tokens in one decode: seconds
+    # 4,096 prompt rows in one decode: ~10 s quiet (about 500 tok/s at depth 0), more under
+    # load. A short prompt's first decode (its rows padded to 64 for the tiled kernel) takes
+    # ~0.1 s quiet but 1-2 s beside CPU burners and another test run (the budget was 700 ms,
+    # then 2,000: both passed there; issue 27's loaded runs)
+    long_prompt = " ".join(f"word{i}" for i in range(1300))
     r = wb.stream(fresh_model, long_prompt, response_tokens=4)
     events = list(r)
     assert isinstance(events[-1], wb.Error)
@@ -128,8 +132,8 @@ def test_decode_timeout_recreates_the_context(fresh_model):
 
 def _complete_within_budget(model: str, prompt: str, tries: int = 5) -> Any:
     """A short completion on the recreated context. On a loaded 2-core machine one short step
-    can still pass the 700 ms budget now and then (three in a row were seen at 400 ms beside
-    other tests); a context left unusable would fail every try, so up to `tries` are allowed
+    can still pass the budget now and then (three in a row were seen at 400 ms beside other
+    tests, five at 700 ms); a context left unusable would fail every try, so up to `tries` are allowed
     (each timeout recreates the context again). The long prompt's one decode takes seconds."""
     for attempt in range(tries):
         try:

@@ -13,6 +13,8 @@ from IPython.core.error import UsageError
 
 import workbench as wb
 from .conftest import magics_of
+from workbench import samples
+from workbench.notebook import views
 from workbench.cache import CacheNamespace
 from workbench.engine.events import Token
 from workbench.engine.stream import Stream
@@ -340,6 +342,26 @@ def test_chat_magic(shell: Any) -> None:
     assert "tool_choice" in err and "no tool-call format" in err
     assert "--tools nope" in usage_error(shell.run_cell("%%chat --tools nope\nhi"))
     assert len(conv) == 4                              # a failed turn leaves the history alone
+
+
+@pytest.mark.model
+def test_generate_samples_side_by_side(shell: Any) -> None:
+    """--n: the samples of one prefill, as a table of one row each; --as holds the list.
+    --best-of: the best by mean logprob per token (the same seeds: one of the --n samples)."""
+    cell = "--max-tokens 6 --temperature 1.0 --seed 11 --ignore-eos --logprobs 0"
+    prompt = "Name three animals of the forest and say what each eats in winter:"
+    r = shell.run_cell(f"%%generate --n 3 {cell} --as nbtest_s\n{prompt}")
+    assert r.success, r.error_in_exec
+    res = shell.user_ns["nbtest_s"]
+    assert len(res) == 3 and all(x.stats.generated_tokens == 6 for x in res)
+    assert [x.stats.seed for x in res] == [11, 12, 13]
+    table = views.samples(res)
+    assert list(table.index) == [0, 1, 2] and list(table["reply"]) == [x.reply for x in res]
+    assert list(table["mean_logprob"]) == [samples.score(x) for x in res]
+    r = shell.run_cell(f"%%generate --best-of 3 {cell} --as nbtest_b\n{prompt}")
+    assert r.success, r.error_in_exec
+    (best,) = shell.user_ns["nbtest_b"]
+    assert best.tokens == max(res, key=samples.score).tokens
 
 
 @pytest.mark.model

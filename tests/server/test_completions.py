@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 import workbench as wb
+from workbench import samples
 
 from .conftest import extra
 
@@ -85,6 +86,18 @@ def test_n_choices_with_a_seed_are_reproducible(fresh_model, client):
     assert [f["seed"] for f in extra(a)["requests"]] == [1234, 1235]
     assert a.usage.completion_tokens == 12 and a.usage.prompt_tokens == 2 * len(wb.tokenize(m, STORY))
     assert len({f["ref"] for f in extra(a)["requests"]}) == 2      # a request of its own per choice
+
+
+@pytest.mark.model
+@pytest.mark.load(deterministic=True, n_seq_max=4)
+def test_best_of_returns_the_best_choices_by_mean_logprob(fresh_model, client):
+    m = fresh_model
+    r = client.completions.create(model=m, prompt=STORY, max_tokens=6, n=1, best_of=3, seed=50, temperature=1.0)
+    assert [c.index for c in r.choices] == [0] and r.choices[0].logprobs is None   # none asked for
+    every = wb.complete(m, STORY, n=3, seed=50, logprobs=0, response_tokens=6, temperature=1.0, top_p=1.0, top_k=0)
+    assert r.choices[0].text == max(every, key=samples.score).reply
+    assert r.usage.completion_tokens == 18      # the three samples were generated
+    assert [f["cache_hit_kind"] for f in extra(r)["requests"]] in (["cold"], ["shared"])
 
 
 def test_a_list_of_prompts_gives_a_choice_per_prompt_in_order(model, client):

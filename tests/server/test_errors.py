@@ -29,6 +29,8 @@ def idle(model: str) -> bool:
     ({"max_tokens": -1}, "max_tokens"),
     ({"temperature": "hot"}, "temperature"),
     ({"n": 0}, "n"),
+    ({"n": 2, "best_of": 1}, "best_of"),
+    ({"n": 1, "best_of": 3, "stream": True}, "best_of"),             # the best are known only at the end
     ({"extra_body": {"frobnicate": 1}}, "frobnicate"),
     ({"extra_body": {"workbench": {"cache_scope": 5}}}, "workbench.cache_scope"),
     ({"extra_body": {"workbench": {"no_such_option": 1}}}, "workbench.no_such_option"),

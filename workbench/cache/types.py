@@ -72,6 +72,8 @@ class HitKind(str, enum.Enum):
     STICKY = "sticky"              # a session's live KV (the longest common prefix with the prompt),
                                    # or its own row restored after it lost its sequence
     CONTINUATION = "continuation"  # continue_session: the new tokens follow the session's KV
+    SHARED = "shared"              # copied from another live sequence of the same cache scope
+                                   # (a running request or an idle session: engine/live_share.py)
 
     @classmethod
     def of(cls, matched: int, prompt_len: int, *, by_key: bool = False) -> HitKind:

@@ -2,7 +2,10 @@
 
 A request starts from the longest KV it can reuse: its session's live KV (sticky, or a
 ``continue_session`` continuation; restored from the session's own row when it lost its
-sequence), else the longest cached prefix (or ``parent_key``'s row), else nothing (cold).
+sequence), else the longest prefix another live sequence of its scope holds, copied
+(``shared``: live_share.py) unless the cache holds more, else the longest cached prefix (or
+``parent_key``'s row), else nothing (cold). A queued request whose prefix another request
+is prefilling now waits for it in the queue (live_share.py), so the prefix is computed once.
 At least its last prompt token is always decoded again, to get logits to sample from. Its
 save points are set here (cache_saves.SavePoints.plan).
 
@@ -20,6 +23,7 @@ from ..cache import HitKind
 from ..cache.types import reusable
 from .cache_saves import SavePoints
 from .grammars import sampler_refused
+from .live_share import LiveShare, reuse_limit
 from .prefix_cache import EngineCache
 from .request import Request
 from .request_setup import sampler_params
@@ -29,9 +33,10 @@ from .sessions import common_prefix
 
 
 class Admission:
-    def __init__(self, model: Any, pool: SeqPool, table: RequestTable, saves: SavePoints,
+    def __init__(self, model: Any, pool: SeqPool, table: RequestTable, saves: SavePoints, share: LiveShare,
                  kvcache: EngineCache | None, counters: collections.Counter[str], lock: threading.Condition) -> None:
         self._model = model
+        self._share = share
         self._pool = pool
         self._table = table
         self._saves = saves
@@ -45,22 +50,27 @@ class Admission:
             self._start(req)
 
     def _place(self) -> list[Request]:
-        """Queued requests onto sequences, in order; the head waits for one, so does everyone
-        behind it. A cancelled head is not placed: the tick finishes it (loop.py), before and
-        after admission, wherever it is in the queue."""
+        """Queued requests onto sequences, in order: the first that finds no sequence waits,
+        so does everyone behind it. Passed over and left queued: a cancelled request (the
+        tick finishes it, loop.py, before and after admission) and one waiting for a prefill
+        of its prefix under way (live_share.py)."""
         placed: list[Request] = []
         pending = self._table.pending
         with self._lock:
-            while pending:
-                req = pending[0]
+            for req in list(pending):
                 if req.cancel_requested:
-                    break
+                    continue
                 sess = req.session
                 had_kv = sess is not None and sess.seq is not None
+                if not had_kv:
+                    if self._pool.n_placeable() == 0:
+                        break
+                    if self._share.waits(req):
+                        continue
                 seq = sess.seq if had_kv else self._pool.take()
                 if seq is None:
                     break
-                pending.popleft()
+                pending.remove(req)
                 req.place(seq, list(sess.tokens) if had_kv else [])
                 if sess is not None:
                     sess.seq = seq
@@ -83,6 +93,20 @@ class Admission:
         self._counters[req.hit_kind.counter] += 1
         self.last_hit = {"ref": req.ref, "kind": req.hit_kind.value, "reused_tokens": reuse, "prefix_len": reuse,
                          "prompt_tokens": len(req.prompt), "session_id": req.opts.session_id}
+
+    def _shared(self, req: Request, limit: int) -> int:
+        """The prefix another live sequence holds, copied, when no shorter than what the
+        cache could restore; 0 when none (or the copy failed)."""
+        if limit <= 0 or not self._share.allowed(req):
+            return 0
+        src = self._share.best(req, limit)
+        if src is None or self._share.cached(req, limit) > src.n_tokens:
+            return 0
+        assert req.seq is not None
+        n = self._share.copy(src, req.seq)
+        if n > 0:
+            req.reused_from(HitKind.SHARED, shared_from=src.label)
+        return n
 
     @staticmethod
     def _cold_upto(req: Request, reuse: int) -> int:
@@ -116,13 +140,16 @@ class Admission:
     def _reuse(self, req: Request, use_cache: bool) -> int:
         """Prompt tokens whose KV the sequence holds now (sets the hit kind); never past a
         request's first row with logits (``out_from``: scoring, verify), which is decoded."""
-        limit = reusable(len(req.prompt)) if req.out_from is None else min(reusable(len(req.prompt)), req.out_from)
+        limit = reuse_limit(req)
         reuse = min(common_prefix(req.kv_tokens, req.prompt), limit)
         if reuse == 0 and use_cache and limit > 0:
             reuse = self._own_row(req, limit)   # the session's KV, back from its own row
         if reuse > 0:
             req.reused_from(HitKind.CONTINUATION if req.continues else HitKind.STICKY)
             return reuse
+        shared = self._shared(req, limit)
+        if shared > 0:
+            return shared
         if not use_cache or limit <= 0:
             return 0
         assert self._kvcache is not None and req.seq is not None

@@ -45,6 +45,8 @@ class CommandQueue:
 
     def run_all(self) -> None:
         """Loop thread: run every queued command, each one's error going to its caller."""
+        if not self._queue:   # most ticks: no lock taken (one put later is run next tick)
+            return
         while True:
             with self._lock:
                 if not self._queue:

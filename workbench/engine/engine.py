@@ -57,6 +57,7 @@ from .prefix_cache import EngineCache
 from .recovery import Recovery
 from .request import Request, next_ref
 from .request_setup import logit_bias_ids, reasoning_budget, special_ids
+from .live_share import COUNTER_NAMES as SHARE_COUNTERS, LiveShare
 from .request_table import RequestTable
 from .results import BatchResults
 from .scheduler import Budget, strategy_for
@@ -72,7 +73,7 @@ COUNTER_NAMES = ("decode_calls", "decoded_tokens", "pad_rows", "pad_refused", "d
                  "sessions_reclaimed", "sessions_reset", "cache_restore_failed", "cache_seq_not_cleared",
                  "cache_saves_dropped", "cache_saves_not_cold", "cache_evicted_sessions", "adapter_changes",
                  "bad_batch_plans",
-                 *SPEC_COUNTERS, *TIMEOUT_COUNTERS, *SESSION_COUNTERS)
+                 *SPEC_COUNTERS, *TIMEOUT_COUNTERS, *SESSION_COUNTERS, *SHARE_COUNTERS)
 
 
 class Closable(Protocol):
@@ -115,7 +116,7 @@ class Engine:
                           self.speculation, self.scoring, self.recovery, self.timeouts)
         kernels = KernelRows(n_batch, self.ctx.n_ubatch, self.ctx.n_ctx, cfg.deterministic)
         self.loop = Loop(model_id, parts, self.strategy, self.budget, cfg.decode_budget_ms, self.counters, self._cv,
-                         kernels)
+                         kernels, check_plans=not isinstance(cfg.batch_strategy, str))
         self.loop.start()
 
     def _compose(self) -> None:
@@ -129,7 +130,9 @@ class Engine:
         self.table = RequestTable(self.pool, self.sessions, lock)
         self.adapters = AdapterSet(self.pool, self.kvcache, counters, lock)
         self.saves = SavePoints(cfg, self.kvcache, self.pool, counters)
-        self.admission = Admission(self.model, self.pool, self.table, self.saves, self.kvcache, counters, lock)
+        self.share = LiveShare(cfg, self.pool, self.table, self.sessions, self.saves, self.kvcache, counters)
+        self.admission = Admission(self.model, self.pool, self.table, self.saves, self.share, self.kvcache, counters,
+                                   lock)
         self.session_commands = SessionCommands(self.sessions, self.pool, self.table, self.saves, counters, lock)
         self.recovery = Recovery(self.pool, self.table, self.adapters, counters, cfg.decode_budget_ms)
         self.results = BatchResults(self.model, self.pool, self.table, self.saves, counters)
@@ -279,10 +282,10 @@ class Engine:
         return len(self.table.pending)
 
     def info(self) -> dict[str, Any]:
-        with self._cv:
+        with self._cv:   # held throughout: a context being recreated (SeqPool.reset) is never read
             live = {"available_seqs": self.pool.n_free(), "pinned_idle_seqs": len(self.sessions.idle_pinned()),
                     "sessions": len(self.sessions)}
-        return model_facts(self, live)
+            return model_facts(self, live)
 
     # --- adapters and sessions (any thread; session commands run on the loop) ----------------
     def request_adapters(self, change: Callable[[list[AdapterSlot]], list[AdapterSlot]]) -> None:

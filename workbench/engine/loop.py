@@ -2,14 +2,15 @@
 
 Each tick runs queued commands (commands.py), finishes cancelled requests (queued ones
 too), applies a waiting adapter change once nothing runs, admits, checks time limits, then
-three steps: plan the batch (the strategy, its plan checked), run the native decode (GIL
-released, within ``decode_budget_ms``), apply the results (sampling, events, save points;
-verify rows to speculation). Other threads talk to the loop only through the admission
+three steps: plan the batch (the strategy; a user strategy's plan checked), run the native
+decode (GIL released, within ``decode_budget_ms``), apply the results (sampling, events,
+save points; verify rows to speculation). Other threads talk to the loop only through the admission
 queue, the command queue, a request's cancel flag (:meth:`Loop.cancelled` wakes it), and
 plain attributes they read without waiting on it.
 
 State: ``phase`` and ``last_active`` (written here, read anywhere), ``in_decode`` (refs in
 the running decode, under the lock: what a cancel or an interrupting command may abort),
+``_cancels`` (a cancel came since the last look for cancelled requests),
 ``stopping`` / ``stopped_why`` (under the lock), the thread and the command queue.
 """
 
@@ -59,10 +60,11 @@ class LoopParts:
 class Loop:
     def __init__(self, model_id: str, parts: LoopParts, strategy: BatchStrategy, budget: Budget,
                  decode_budget_ms: int, counters: collections.Counter[str], lock: threading.Condition,
-                 kernels: KernelRows) -> None:
+                 kernels: KernelRows, check_plans: bool = True) -> None:
         self._model_id = model_id
         self._p = parts
         self._strategy = strategy
+        self._check_plans = check_plans   # False: a built-in strategy, whose plans are not checked
         self._budget = budget
         self._kernels = kernels
         self._decode_budget_ms = float(decode_budget_ms)
@@ -74,6 +76,7 @@ class Loop:
         self.in_decode: set[int] = set()
         self.stopping = False
         self.stopped_why = "is being unloaded"   # or why the loop died
+        self._cancels = False    # a request was cancelled since the last look (_finish_cancelled)
         self._thread = threading.Thread(target=self._run, name=f"workbench-loop-{model_id}", daemon=True)
 
     # --- any thread ------------------------------------------------------------------------
@@ -88,6 +91,7 @@ class Loop:
     def cancelled(self, req: Request) -> None:
         """``req`` was flagged cancelled: abort the decode it is prefilling in, wake the loop."""
         with self._lock:
+            self._cancels = True
             if req.ref in self.in_decode and req.phase == "prefilling":
                 self._p.pool.ctx.request_abort()
             self._lock.notify()
@@ -162,7 +166,12 @@ class Loop:
 
     def _finish_cancelled(self) -> None:
         """Every cancelled request, queued (anywhere in the queue) or running, finishes
-        through BatchResults.finish: one Done and one finished_cancelled count each."""
+        through BatchResults.finish: one Done and one finished_cancelled count each. Looked
+        for only after a cancel (``cancelled`` sets ``_cancels``; cleared before the look, so
+        a cancel during it is looked for again)."""
+        if not self._cancels:
+            return
+        self._cancels = False
         for req in self._p.table.take_cancelled():
             self._p.results.finish(req, "cancelled")
 
@@ -185,9 +194,11 @@ class Loop:
         views = [view_of(r) for r in active]
         try:
             plan = self._strategy.plan(views, self._budget)
-            if isinstance(plan, BatchPlan) and isinstance(plan.takes, (list, tuple)):
-                plan = BatchPlan(list(plan.takes))  # a snapshot: what is checked is what runs
-            problem = plan_problem(plan, views, self._budget)
+            problem = None
+            if self._check_plans:   # a user's strategy (the built-in ones keep the rules by construction)
+                if isinstance(plan, BatchPlan) and isinstance(plan.takes, (list, tuple)):
+                    plan = BatchPlan(list(plan.takes))  # a snapshot: what is checked is what runs
+                problem = plan_problem(plan, views, self._budget)
         except Exception as e:  # noqa: BLE001 - a user's strategy: its error fails the requests, not the loop
             problem = f"plan() raised {describe(e)}"
         if problem is not None:

@@ -85,6 +85,12 @@ class Request:
     pending_logprobs: collections.deque[Any] = field(default_factory=collections.deque)
     logprobs: list[TokenLogprob] = field(default_factory=list)
     logprob_since_text: float | None = None  # summed over the tokens since the last Token event
+    # a queued request waiting for another's prefill of its prefix (engine/live_share.py):
+    # (that request's ref, the tokens it waits for, the perf_counter deadline); share_waited:
+    # it waited once (never again)
+    share_wait: tuple[int, int, float] | None = None
+    share_waited: bool = False
+    shared_from: str | None = None   # a shared hit: whose KV it copied ('request 12', 'session ...')
     finished: threading.Event = field(default_factory=threading.Event)
 
     def __post_init__(self) -> None:
@@ -95,6 +101,15 @@ class Request:
         """Ask the loop to end the request at its next token boundary (any thread)."""
         self.cancel_requested = True
 
+    def wait_for_share(self, src_ref: int, n_tokens: int, deadline: float) -> None:
+        """Queued: wait until request ``src_ref`` holds ``n_tokens`` of its prefix (or until
+        ``deadline``), then copy them (engine/live_share.py)."""
+        self.share_wait = (src_ref, n_tokens, deadline)
+
+    def share_wait_over(self) -> None:
+        """It waits no more (and never again)."""
+        self.share_wait, self.share_waited = None, True
+
     def place(self, seq: int, kv_tokens: list[int]) -> None:
         """Admission put the request on ``seq``, which holds ``kv_tokens`` (its session's KV)."""
         self.seq, self.kv_tokens = seq, kv_tokens
@@ -103,11 +118,13 @@ class Request:
         self.sampler = sampler
 
     def reused_from(self, kind: HitKind, shared_end: int | None = None, key: str | None = None,
-                    saved_by: str | None = None) -> None:
+                    saved_by: str | None = None, shared_from: str | None = None) -> None:
         """Where the KV it starts from came from: ``kind``; a pinned prefix of ``shared_end``
         tokens; ``key``, the row of exactly its prompt, when that is what it restored;
-        ``saved_by``, the model id recorded by the save that wrote a restored row."""
+        ``saved_by``, the model id recorded by the save that wrote a restored row;
+        ``shared_from``, the live sequence a shared hit copied."""
         self.hit_kind, self.shared_end, self.saved_by = kind, shared_end, saved_by
+        self.shared_from = shared_from
         if key is not None:
             self.prompt_key = key
 
@@ -321,6 +338,7 @@ class Request:
         tokens whose KV was restored or kept); `prefilled_tokens` grows chunk by chunk
         until reused + prefilled = prompt_tokens."""
         admitted = self.admitted_at is not None
+        wait = self.share_wait   # read once: the loop thread may end the wait meanwhile
         return {
             "ref": self.ref,
             "model": self.model_id,
@@ -329,6 +347,8 @@ class Request:
             "session_id": self.opts.session_id,
             "cache_hit_kind": self.hit_kind.value if admitted else None,
             "cache_saved_by": self.saved_by,
+            "shared_from": self.shared_from,
+            "waiting_for": f"request {wait[0]}" if wait is not None else None,
             "prompt_tokens": len(self.prompt),
             "reused_tokens": self.reused if admitted else None,
             "prefilled_tokens": self.prefilled,

@@ -95,10 +95,11 @@ class SeqPool:
         return bool(ctx.seq_pos_max(seq) == -1)
 
     def reset(self) -> None:
-        """A new context: every sequence free, no session holds live KV (after a timeout)."""
-        self.ctx.close()
-        self.ctx = _native.Context(self._model, self._params)
+        """A new context: every sequence free, no session holds live KV (after a timeout).
+        Under the lock, so a reader holding it (``Engine.info``) never meets the closed one."""
         with self._lock:
+            self.ctx.close()
+            self.ctx = _native.Context(self._model, self._params)
             self._sessions.unpin_all()
             self._free = list(range(self.ctx.n_seq_max))
 

@@ -75,9 +75,13 @@ class SessionTable:
             s.seq = None
 
 
-def common_prefix(a: list[int], b: list[int]) -> int:
+def common_prefix(a: list[int], b: list[int], block: int = 256) -> int:
+    """The length of the longest common prefix of ``a`` and ``b``: whole blocks compared as
+    slices first (at C speed: a 2,000-token prompt is a few comparisons), then one by one."""
     n = min(len(a), len(b))
     i = 0
+    while i + block <= n and a[i:i + block] == b[i:i + block]:
+        i += block
     while i < n and a[i] == b[i]:
         i += 1
     return i

@@ -45,8 +45,10 @@ class Timeouts:
     def check(self) -> None:
         """Fail every queued or running request past one of its limits."""
         now = time.perf_counter()
-        with self._lock:
-            queued = [r for r in self._table.pending if r.opts.timeout_s is not None]
+        queued: list[Request] = []
+        if self._table.pending:   # read without the lock: one queued now is checked next tick
+            with self._lock:
+                queued = [r for r in self._table.pending if r.opts.timeout_s is not None]
         for req in queued:
             if now - req.submitted_at > req.opts.timeout_s:  # type: ignore[operator]
                 self._table.unqueue(req)

@@ -225,7 +225,7 @@ def _engine_sender(model: str, cache_scope: str | None) -> Any:
     import workbench as wb
 
     wb.model_info(model)  # NotLoaded names it before anything is sent
-    scope = {} if cache_scope is None else {"cache_scope": cache_scope}
+    scope: dict[str, Any] = {} if cache_scope is None else {"cache_scope": cache_scope}
 
     async def nothing() -> None:
         return None

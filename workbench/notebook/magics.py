@@ -62,6 +62,9 @@ _generation_args = [
     argument("--ngram", choices=["simple", "map_k", "map_k4v", "cache"],
              help="speculative decoding with n-gram drafts from the prompt and reply (no second model)"),
     argument("--spec-n-max", type=int, metavar="N", help="most draft tokens per step (with --draft/--ngram)"),
+    argument("--n", type=int, metavar="N", help="N samples of the prompt, one prefill (shown side by side when "
+             "all are done; --as holds the list)"),
+    argument("--best-of", type=int, metavar="K", help="K samples, the --n (default 1) best by mean logprob kept"),
     argument("--no-stream", action="store_true", help="wait for the whole reply, then show it"),
     argument("--background", action="store_true",
              help="stream on a thread and return at once (the Cancel button works meanwhile)"),
@@ -243,6 +246,9 @@ class WorkbenchMagics(Magics):
     def _run(self, job: _Job) -> None:
         __tracebackhide__ = True
         args = job.args
+        if args.n is not None or args.best_of is not None:
+            self._run_samples(job)
+            return
         if args.no_stream:
             self._run_whole(job)
             return
@@ -273,6 +279,28 @@ class WorkbenchMagics(Magics):
         from IPython.display import display
 
         display(result)
+
+    def _run_samples(self, job: _Job) -> None:
+        """--n / --best-of: every sample whole (one prefill: workbench/samples.py), then the
+        samples side by side (views.samples); --as holds the list of Results (best first),
+        and a chat continues with the first."""
+        args = job.args
+        with usage_errors():
+            try:
+                raw = job.complete({**job.options, "n": args.n, "best_of": args.best_of})
+            except KeyboardInterrupt:
+                print("[cancelled] interrupted before every sample was complete")
+                raise
+        results = [Result.of(r) for r in raw]
+        self._store_list(args.var, results)
+        if job.on_result is not None:
+            job.on_result(results[0])
+        from IPython.display import display
+
+        display(views.samples(raw))
+
+    def _store_list(self, var: str, results: list[Result]) -> None:
+        self.user_ns[var] = results
 
     def _warn_thinking(self, job: _Job, stream: Any) -> None:
         """--thinking on a template that has no thinking block: say so, once per model."""

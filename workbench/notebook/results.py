@@ -13,7 +13,7 @@ from workbench.chat import ChatResult
 from workbench.engine.events import CompletionResult, Stats
 
 HIT_COLOURS = {"cold": "#6c757d", "partial": "#fd7e14", "exact": "#198754", "sticky": "#0d6efd",
-               "continuation": "#6f42c1"}
+               "continuation": "#6f42c1", "shared": "#20c997"}
 STATE_COLOURS = {"running": "#0d6efd", "done": "#198754", "cancelled": "#fd7e14", "error": "#dc3545"}
 UNKNOWN_COLOUR = "#adb5bd"
 

@@ -17,6 +17,7 @@ import pandas as pd
 
 import workbench as wb
 from workbench import registry
+from workbench import samples as _samples
 from workbench.cache import HitKind
 from workbench.cache.interface import PrefixCache
 from workbench.engine.events import REQUEST_PHASES
@@ -77,12 +78,13 @@ def counters(cache: PrefixCache | None = None) -> pd.DataFrame:
 _REQUEST_DTYPES = {
     "ref": "int64", "model": "string", "phase": pd.CategoricalDtype(PHASES), "seq": "Int64",
     "session_id": "object", "cache_hit_kind": pd.CategoricalDtype(HIT_KINDS), "prompt_tokens": "int64",
-    "generated_tokens": "int64", "age_s": "float64", "cancel_requested": "bool",
+    "generated_tokens": "int64", "age_s": "float64", "cancel_requested": "bool", "waiting_for": "string",
 }
 
 
 def requests() -> pd.DataFrame:
-    """Queued and running requests of every model, indexed by ref."""
+    """Queued and running requests of every model, indexed by ref. ``waiting_for``: a queued
+    request waiting for another's prefill of its prefix ('request 12', engine/live_share.py)."""
     return _frame(wb.requests(), _REQUEST_DTYPES, "ref")
 
 
@@ -327,6 +329,31 @@ def speculative(results: Iterable[Any]) -> pd.DataFrame:
                      "draft_s": float(spec.get("draft_s", 0.0)), "verify_s": float(spec.get("verify_s", 0.0)),
                      "generated_tokens": s.generated_tokens, "decode_tps": s.decode_tps})
     return _frame(rows, _SPEC_DTYPES, "request")
+
+
+_SAMPLE_DTYPES = {
+    "sample": "int64", "ref": "Int64", "reply": "string", "generated_tokens": "int64", "mean_logprob": "Float64",
+    "finish_reason": "string", "cache_hit_kind": pd.CategoricalDtype(HIT_KINDS), "prefilled_tokens": "int64",
+    "ttft_s": "Float64", "seed": "Int64",
+}
+
+
+def samples(results: Iterable[Any]) -> pd.DataFrame:
+    """The samples of one call (``complete(..., n=)``, ``chat(..., n=)``, ``%%generate --n``)
+    side by side: one row each, indexed by its place in the list (``sample``; best first
+    after ``best_of``). ``mean_logprob``: mean log-probability per generated token, the
+    ``best_of`` score (NA without logprobs); ``prefilled_tokens``: the prompt tokens the
+    sample computed itself (a sample that copied the first one's prompt KV shows 1 and hit
+    kind 'shared'); ``seed``: the one it sampled with."""
+    rows = []
+    for i, r in enumerate(results):
+        s = r.stats
+        lps = getattr(r, "logprobs", None)
+        rows.append({"sample": i, "ref": getattr(r, "ref", None), "reply": getattr(r, "content", None) or r.reply,
+                     "generated_tokens": s.generated_tokens, "mean_logprob": _samples.score(r) if lps else None,
+                     "finish_reason": r.finish_reason, "cache_hit_kind": s.cache_hit_kind,
+                     "prefilled_tokens": s.prefilled_tokens, "ttft_s": s.ttft_s, "seed": s.seed})
+    return _frame(rows, _SAMPLE_DTYPES, "sample")
 
 
 def _position_counts(spec: dict[str, Any]) -> list[tuple[int, int]]:

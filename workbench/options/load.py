@@ -90,7 +90,11 @@ class LoadConfig:
     prefill_chunk_size: int | None = opt(-1, as_int(-1, none_ok=True),
                                          "one prompt's share of a tick; -1 = max(64, n_batch/4), None = off")
     cache: bool = opt(True, as_bool, "use the shared KV prefix cache (restore at admission, save rows)")
-    cache_min_tokens: int = opt(16, as_int(1), "shortest prefix worth a row")
+    cache_min_tokens: int = opt(16, as_int(1), "shortest prefix worth a row (or worth sharing live)")
+    share_prefixes: bool = opt(True, as_bool, "start a request from the KV another live sequence of its cache "
+                               "scope holds (copied) when that is its longest prefix")
+    share_wait_ms: int = opt(30000, as_int(0), "longest a queued request waits for a prefill of its prefix "
+                             "under way, to copy it; 0 = never waits")
     cold_checkpoint_interval: int | None = opt(2048, as_int(64, none_ok=True),
                                                "checkpoint a long cold prefill every N tokens; None = off")
     cold_min_tokens: int = opt(0, as_int(0), "no cold checkpoint before this position")

@@ -18,9 +18,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..samples import MAX_SAMPLES
 from .http_errors import PROMPT, ApiError, bad_field
 
-MAX_N = 16              # choices per request (each is a request of its own on the engine)
+MAX_N = MAX_SAMPLES     # choices per request (each is a request of its own on the engine)
 MAX_BATCH_PROMPTS = 64  # prompts in one /v1/completions body
 MAX_EMBEDDING_INPUTS = 2048  # inputs in one /v1/embeddings body (OpenAI's cap)
 
@@ -59,6 +60,12 @@ class Call:
     opts: dict[str, Any] = field(default_factory=dict)    # keyword options of wb.stream / wb.chat_stream
     names: dict[str, str] = field(default_factory=dict)   # workbench option -> the client's field
     logprobs: int | None = None                           # alternatives asked for (None: no logprobs)
+    best_of: int | None = None                            # completions: samples per prompt, the best n returned
+
+    @property
+    def samples(self) -> int:
+        """Requests per prompt: best_of, else n."""
+        return self.best_of or self.n
 
 
 def completion_call(body: Mapping[str, Any], scope: str | None) -> Call:
@@ -71,8 +78,13 @@ def completion_call(body: Mapping[str, Any], scope: str | None) -> Call:
         raise ApiError(400, "'suffix' (insertion) is not served: the default models have no fill-in-the-middle "
                        "template", param="suffix", code="unsupported")
     best_of = body.get("best_of")
-    if best_of is not None and best_of != call.n:
-        raise bad_field("best_of", best_of, f"absent or equal to n ({call.n}): choices are not ranked here")
+    if best_of is not None:
+        if isinstance(best_of, bool) or not isinstance(best_of, int) or not call.n <= best_of <= MAX_N:
+            raise bad_field("best_of", best_of, f"absent or an integer from n ({call.n}) to {MAX_N}")
+        if call.stream and best_of != call.n:
+            raise bad_field("best_of", best_of, f"absent or equal to n ({call.n}) with stream: the best "
+                            "choices are known only at the end")
+        call.best_of = best_of if best_of > call.n else None
     lp = body.get("logprobs")
     if lp is not None:
         _set(call, "logprobs", lp, "logprobs")

@@ -20,7 +20,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 import workbench as wb
 
-from .. import registry
+from .. import registry, samples
 from ..chat import ChatDone
 from ..engine.events import Done, Error, Thinking, Token, TokenId
 from ..engine.logprobs import piece_text
@@ -119,7 +119,8 @@ async def completions(request: Request) -> Response:
     call = completion_call(await read_json(request, settings.max_body_bytes), scope_of(settings, request))
     check_model(settings, call.model)
     try:
-        start = [(p, _prompt_text(call.model, p) if call.echo else "") for p in call.prompts for _ in range(call.n)]
+        start = [(p, _prompt_text(call.model, p) if call.echo else "") for p in call.prompts
+                 for _ in range(call.samples)]
     except Exception as e:
         raise from_exception(e, call.names) from None
     prompt_lps = await unless_disconnected(request, _prompt_logprobs(call, [p for p, _ in start]))
@@ -131,15 +132,29 @@ async def completions(request: Request) -> Response:
         dones = await unless_disconnected(request, _collect(fan, call))
     finally:
         fan.close()
-    choices = [out.completion_choice(i, echoes[i] + d.reply, d,
-                                     out.joined_logprobs(prompt_lps[i], _completion_lp(call, d, len(echoes[i]))))
-               for i, d in enumerate(dones)]
+    kept = _best(call, dones)
+    choices = [out.completion_choice(c, echoes[i] + dones[i].reply, dones[i],
+                                     out.joined_logprobs(prompt_lps[i], _completion_lp(call, dones[i], len(echoes[i]))))
+               for c, i in enumerate(kept)]
+    facts = _facts(fan, dones)
     return JSONResponse(out.completion(out.new_id("cmpl"), call.model, choices, [d.stats for d in dones],
-                                       _facts(fan, dones)))
+                                       [facts[i] for i in kept]))
+
+
+def _best(call: Call, dones: list[Done]) -> list[int]:
+    """The indices of the choices returned: all, or with best_of each prompt's n best
+    (samples.best: highest mean logprob per token), best first."""
+    if call.best_of is None:
+        return list(range(len(dones)))
+    k, kept = call.best_of, []
+    for start in range(0, len(dones), k):
+        group = list(range(start, start + k))
+        kept += samples.best(group, call.n, key=lambda i: dones[i])
+    return kept
 
 
 def _completion_starter(call: Call, prompt: Any, i: int) -> Callable[[], Any]:
-    opts = _choice_opts(call, i)
+    opts = samples.scored_opts(_choice_opts(call, i % call.samples), call.best_of)
     return lambda: wb.stream(call.model, prompt, **opts)
 
 
@@ -276,10 +291,7 @@ def _choice_opts(call: Call, i: int) -> dict[str, Any]:
     """Choice i's options: with a seed and n > 1, choice i samples with seed + i (the
     choices differ; bit-for-bit reproducible on a model loaded with deterministic=True, as
     the choices share batches differently from run to run: docs/serving.md)."""
-    opts = dict(call.opts)
-    if i and opts.get("seed") is not None and isinstance(opts["seed"], int):
-        opts["seed"] = (opts["seed"] + i) % (2**32 - 1)
-    return opts
+    return samples.sample_opts(dict(call.opts), i)
 
 
 async def _start(request: Request, call: Call, starters: list[Callable[[], Any]]) -> Fanout:
