@@ -29,7 +29,8 @@ time <= 0.5 x llama-server's.
 `--part samples` (run first with `both`), in this process: `wb.complete(prompt, n=requests)`
 of a `--sample-prompt-tokens` (1,000) prompt, `--response-tokens` each (temperature 1,
 ignore_eos), against one prefill of such a prompt plus a `requests`-stream decode of the same
-length (short distinct prompts), and against `requests` separate requests of one prompt on a
+length at the same depth (`requests` sessions each holding a prompt of that length, then
+one more token and the decode, timed), and against `requests` separate requests of one prompt on a
 model loaded with share_prefixes=False (each prefills it: nothing is cached when they are
 admitted together). Targets: n samples <= 1.15 x (prefill + decode); >= 3x faster than the
 separate requests. Each round uses new prompts.
@@ -170,6 +171,23 @@ def at_once(model: str, prompts: list[list[int]], n_out: int, **opts: Any) -> li
     return [s.result() for s in streams]
 
 
+def decode_at_depth(model: str, prompts: list[list[int]], n_out: int, sampling: dict[str, Any]) -> float:
+    """Seconds of a ``len(prompts)``-stream decode of ``n_out`` tokens at the prompts' depth:
+    each prompt is prefilled first into a session of its own (not timed), then every session
+    takes one more token and decodes ``n_out`` (timed, all at once)."""
+    for i, p in enumerate(prompts):
+        wb.complete(model, p, response_tokens=1, session_id=f"depth-{i}", cache=False)
+    t0 = time.perf_counter()
+    streams = [wb.stream(model, p + [VOCAB[0] + i], response_tokens=n_out, ignore_eos=True, session_id=f"depth-{i}",
+                         cache=False, **sampling) for i, p in enumerate(prompts)]
+    for s in streams:
+        s.result()
+    took = time.perf_counter() - t0
+    for i in range(len(prompts)):
+        wb.end_session(model, f"depth-{i}")
+    return took
+
+
 def samples_round(share: str, alone: str, args: argparse.Namespace, r: int) -> dict[str, float]:
     """One round: n samples vs one prefill + an n-stream decode vs n separate requests (a
     model without sharing), each on a prompt nothing has cached."""
@@ -177,12 +195,12 @@ def samples_round(share: str, alone: str, args: argparse.Namespace, r: int) -> d
     k, n_out = args.requests, args.response_tokens
     sampling: dict[str, Any] = {"temperature": 1.0, "seed": r}
     p_samples, p_prefill, p_alone = (tokens(args.sample_prompt_tokens, rng) for _ in range(3))
-    shorts = [tokens(8, rng) for _ in range(k)]
+    deep = [tokens(args.sample_prompt_tokens, rng) for _ in range(k)]
     out: dict[str, float] = {}
     out["samples_s"] = timed(lambda: wb.complete(share, p_samples, n=k, response_tokens=n_out, ignore_eos=True,
                                                  **sampling))
     out["prefill_s"] = timed(lambda: wb.complete(share, p_prefill, response_tokens=1))
-    out["decode_s"] = timed(lambda: at_once(share, shorts, n_out, **sampling))
+    out["decode_s"] = decode_at_depth(share, deep, n_out, sampling)
     out["separate_s"] = timed(lambda: at_once(alone, [p_alone] * k, n_out, **sampling))
     return out
 
@@ -200,7 +218,7 @@ def run_samples(args: argparse.Namespace, model: Path) -> dict[str, Any]:
             rounds.append(samples_round(share, alone, args, r))
             x = rounds[-1]
             print(f"samples round {r + 1}: n={args.requests} samples {x['samples_s']:.2f} s; one prefill "
-                  f"{x['prefill_s']:.2f} s + {args.requests}-stream decode {x['decode_s']:.2f} s; "
+                  f"{x['prefill_s']:.2f} s + {args.requests}-stream decode at that depth {x['decode_s']:.2f} s; "
                   f"{args.requests} separate requests {x['separate_s']:.2f} s "
                   f"(load average {os.getloadavg()[0]:.2f})", flush=True)
     finally:

@@ -134,7 +134,9 @@ def test_deterministic_mode_every_hit_kind_and_batch_gives_the_solo_cold_reply(f
     sticky = wb.complete(m, turn2, response_tokens=TOKENS, session_id="s")
     assert sticky.stats.cache_hit_kind == "sticky"
     assert sticky.tokens == wb.complete(m, turn2, response_tokens=TOKENS, cache=False).tokens
-    # rows another deterministic process saved to a disk tier
+    # rows another deterministic process saved to a disk tier (the session ends first: its
+    # live KV holds texts[0], which a request would copy rather than restore, live sharing)
+    wb.end_session(m, "s")
     saved_by_another_process(tmp_path / "disk", model_path, texts, deterministic=True)
     check("other process", [wb.complete(m, t, response_tokens=TOKENS) for t in texts])
     assert kinds["solo:partial"] >= 4 and kinds["solo:exact"] == 6 and kinds["other process:exact"] == 6

@@ -149,7 +149,8 @@ def test_empty_views_keep_their_dtypes(monkeypatch: pytest.MonkeyPatch) -> None:
     req = views.requests()
     assert len(req) == 0 and req.index.name == "ref"
     assert isinstance(req["cache_hit_kind"].dtype, pd.CategoricalDtype)
-    assert list(req["cache_hit_kind"].cat.categories) == ["cold", "partial", "exact", "sticky", "continuation", "shared"]
+    assert list(req["cache_hit_kind"].cat.categories) == ["cold", "partial", "exact", "sticky", "continuation",
+                                                          "shared"]
     assert req["prompt_tokens"].dtype == "int64"
     assert len(views.models()) == 0 and views.models().index.name == "model_id"
     assert views.models()["params"].dtype == "string"

@@ -56,6 +56,8 @@ class Admission:
         of its prefix under way (live_share.py)."""
         placed: list[Request] = []
         pending = self._table.pending
+        if not pending:   # most ticks (read without the lock: one queued now is placed next tick)
+            return placed
         with self._lock:
             for req in list(pending):
                 if req.cancel_requested:

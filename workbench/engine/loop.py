@@ -129,8 +129,11 @@ class Loop:
         self._fail_all(EngineStopped(f"model {self._model_id!r} was unloaded"))
 
     def _wait_for_work(self) -> bool:
-        """Idle until there is something to do; False when the loop should end."""
+        """Idle until there is something to do; False when the loop should end. With work
+        at hand (most ticks) no lock is taken: a stop is seen at the next tick."""
         table = self._p.table
+        if table.active or table.pending or self.commands:
+            return not self.stopping
         with self._lock:
             while not (self.stopping or table.pending or table.active or self.commands):
                 self.phase = "idle"

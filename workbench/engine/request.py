@@ -40,7 +40,8 @@ class Request:
     prompt: list[int]
     opts: RequestOptions
     seed: int | None
-    events: queue.SimpleQueue[Event] = field(default_factory=queue.SimpleQueue)
+    # its events in order; a token's TokenId and Token come as one tuple (emit_token)
+    events: queue.SimpleQueue[Event | tuple[Event, ...]] = field(default_factory=queue.SimpleQueue)
     submitted_at: float = field(default_factory=time.perf_counter)
     phase: RequestPhase = "queued"
     seq: int | None = None
@@ -219,20 +220,26 @@ class Request:
 
     # --- events (loop thread) ----------------------------------------------------------
     def emit_token(self, token: int, piece: bytes, draft: bool = False, lp: TokenLogprob | None = None) -> None:
+        """A token's events: its TokenId and, when it completes text, the Token, queued as
+        one item (one wake-up of a waiting consumer per token; Stream hands them out one by
+        one)."""
         if lp is None:
-            self.events.put(TokenId(token, draft))
+            ev = TokenId(token, draft)
         else:
             self.logprobs.append(lp)
             self.logprob_since_text = (self.logprob_since_text or 0.0) + lp.logprob
-            self.events.put(TokenId(token, draft, lp.logprob, lp.top))
+            ev = TokenId(token, draft, lp.logprob, lp.top)
         assert self.text is not None
         out = self.text.push(piece)
-        if out:
-            self.put_text(out)
+        self.events.put((ev, self._text_event(out)) if out else ev)
 
     def put_text(self, text: str) -> None:
-        self.events.put(Token(text, self.logprob_since_text))
+        self.events.put(self._text_event(text))
+
+    def _text_event(self, text: str) -> Token:
+        tok = Token(text, self.logprob_since_text)
         self.logprob_since_text = None
+        return tok
 
     def finish(self, reason: FinishReason, finish_key: str | None = None) -> Done:
         """The request ends with ``reason``; ``finish_key``: the row its Done names."""

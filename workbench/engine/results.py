@@ -74,7 +74,8 @@ class BatchResults:
         when sampling failed, and the request has then failed."""
         try:
             token = int(req.sampler.sample(self._pool.ctx, row))
-            record_sample(req)
+            if req.opts.logprobs is not None:   # the check inlined: this runs once per token
+                record_sample(req)
             return token
         except ValueError as e:  # no token is left to sample (csrc/sampler.cpp says what ruled them out)
             self._table.fail(req, sampler_refused(req.opts, e))
@@ -87,12 +88,14 @@ class BatchResults:
         finish reason it causes, if any: end-of-generation, a stop string, the token limit
         or the end of the context."""
         now = time.perf_counter()
-        req.first_token(now)
+        if req.first_token_at is None:
+            req.first_token(now)
         if self._model.is_eog(token):
             return "stop"
         req.append_token(token, now)
         special = req.special if isinstance(req.special, bool) else token in req.special
-        req.emit_token(token, self._model.token_to_piece(token, special), draft, next_logprob(self._model, req, token))
+        lp = next_logprob(self._model, req, token) if req.opts.logprobs is not None else None
+        req.emit_token(token, self._model.token_to_piece(token, special), draft, lp)
         if req.text is not None and req.text.stop_hit is not None:
             return "stop"
         if len(req.generated) >= req.opts.response_tokens or req.n_past + 1 >= self._pool.ctx.n_ctx:

@@ -75,7 +75,11 @@ class Stream(EventEnds):
             return False
         try:
             if not self._stash:
-                self._stash.append(self._request.events.get(timeout=timeout))
+                item = self._request.events.get(timeout=timeout)
+                if isinstance(item, tuple):   # a token's events, queued together (Request.emit_token)
+                    self._stash.extend(item)
+                else:
+                    self._stash.append(item)
             return True
         except queue.Empty:
             return False

@@ -55,6 +55,8 @@ class Timeouts:
                 self._expire(req, "timeout_s", req.opts.timeout_s, now - req.submitted_at)  # type: ignore[arg-type]
         clocks: dict[int, tuple[float, float | None]] = {}
         for req in list(self._table.active):
+            if req.opts.timeout_s is None and req.opts.token_timeout_s is None:
+                continue
             expired = self._expired(req, now, clocks)
             if expired is not None:
                 self._expire(req, *expired)
