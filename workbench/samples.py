@@ -139,10 +139,9 @@ class SampleStream(EventEnds):
 
     def __next__(self) -> Sample:
         while self._open:
-            for i in list(self._open):
-                ev = self.samples[i].poll(0.0)
-                if ev is not None:
-                    return self._sample(i, ev)
+            ready = self._ready()
+            if ready is not None:
+                return ready
             i = self._open[0]
             try:
                 ev = self.samples[i].poll(_POLL_S)
@@ -153,6 +152,14 @@ class SampleStream(EventEnds):
                 return self._sample(i, ev)
         raise StopIteration
 
+    def _ready(self) -> Sample | None:
+        """An event some open sample already has, in sample order; None when none has."""
+        for i in list(self._open):
+            ev = self.samples[i].poll(0.0)
+            if ev is not None:
+                return self._sample(i, ev)
+        return None
+
     def _sample(self, i: int, ev: Event) -> Sample:
         if isinstance(ev, (Done, Error)):
             self._open.remove(i)
@@ -162,10 +169,9 @@ class SampleStream(EventEnds):
         """The next event of any sample within ``timeout`` seconds, else None."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while self._open:
-            for i in list(self._open):
-                ev = self.samples[i].poll(0.0)
-                if ev is not None:
-                    return self._sample(i, ev)
+            ready = self._ready()
+            if ready is not None:
+                return ready
             if deadline is not None and time.monotonic() >= deadline:
                 return None
             time.sleep(_POLL_S)

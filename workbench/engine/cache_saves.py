@@ -78,6 +78,12 @@ class SavePoints:
         prefill computes: all on a deterministic model, else up to ``req.cold_upto``."""
         return n if self._cfg.deterministic else min(n, req.cold_upto)
 
+    def session_cold_len(self, sess: Session) -> int:
+        """Of a session's live KV, how many leading positions hold what a cold prefill
+        computes: all on a deterministic model, else up to ``sess.cold_upto``."""
+        n = len(sess.tokens)
+        return n if self._cfg.deterministic else min(n, sess.cold_upto)
+
     def agent_end(self, req: Request) -> int | None:
         """Where the agent prefix's pinned row ends: its length, except that in the default
         mode a prefix that is the whole prompt stops before the last token (decoded alone,
@@ -146,7 +152,7 @@ class SavePoints:
         KV that decodes computed (see the module doc)."""
         if self._kvcache is None or not sess.tokens or sess.seq is None:
             return False
-        own = sess.own_id if not self._cfg.deterministic and sess.cold_upto < len(sess.tokens) else None
+        own = sess.own_id if self.session_cold_len(sess) < len(sess.tokens) else None
         row = self._kvcache.save(self._pool, sess.seq, sess.tokens, sess.scope, reason, sync=True, live=True, own=own)
         if row is not None:
             self.session_row(sess, row.key, own is not None)

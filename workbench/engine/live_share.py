@@ -47,7 +47,7 @@ from .prefix_cache import EngineCache
 from .request import Request
 from .request_table import RequestTable
 from .seq_pool import SeqPool
-from .sessions import Session, SessionTable, common_prefix
+from .sessions import SessionTable, common_prefix
 
 COUNTER_NAMES = ("shared_tokens", "share_waits", "share_waits_expired", "share_failed")
 # a wait must save at least this many prompt tokens (and cache_min_tokens): a wait lasts a
@@ -80,7 +80,6 @@ class LiveShare:
         self._min = cfg.cache_min_tokens
         self._min_wait = max(cfg.cache_min_tokens, WAIT_MIN_TOKENS)
         self._wait_s = cfg.share_wait_ms / 1000.0
-        self._deterministic = cfg.deterministic
         self._pool = pool
         self._table = table
         self._sessions = sessions
@@ -106,7 +105,7 @@ class LiveShare:
         for sess in self._sessions.idle_pinned():
             if sess.scope != req.opts.cache_scope or sess.seq is None or sess.seq == req.seq:
                 continue
-            n = min(common_prefix(sess.tokens, req.prompt), self._session_cold(sess), limit)
+            n = min(common_prefix(sess.tokens, req.prompt), self._saves.session_cold_len(sess), limit)
             if n >= self._min and (best is None or n > best.n_tokens):
                 best = Source(sess.seq, n, f"session {sess.session_id!r}")
         return best
@@ -136,9 +135,6 @@ class LiveShare:
         n = self._saves.cold_len(src, src.n_past)
         held = src.prompt if n <= len(src.prompt) else src.prompt + src.generated
         return min(common_prefix(held, prompt), n)
-
-    def _session_cold(self, sess: Session) -> int:
-        return len(sess.tokens) if self._deterministic else min(len(sess.tokens), sess.cold_upto)
 
     # --- in the queue: wait for a prefill under way? ---------------------------------------
     def waits(self, req: Request) -> bool:
