@@ -278,7 +278,7 @@ def test_next_without_the_model_or_the_prompt_is_refused_naming_the_middleware(m
     with pytest.raises(InvalidOption) as e:
         wb.complete(model, "Hello", response_tokens=2, middleware=[bad])
     assert e.value.key == "arguments" and says in str(e.value)
-    assert repr(bad.__name__) in str(e.value) and "complete(model, prompt, **opts)" in str(e.value)
+    assert repr(bad.__name__) in str(e.value) and "complete(model, prompt, n=..., best_of=..., **opts)" in str(e.value)
     assert wb.counters()["decode_calls"] == before
     wb.middleware.add(bad)                                         # registered: the same answer
     with pytest.raises(InvalidOption) as e:

@@ -108,7 +108,8 @@ def test_a_shared_context_is_computed_once_and_scores_the_same(exact):
     n_ctx = len(wb.tokenize(exact, context, parse_special=False))
     assert [r["prefilled_tokens"] for r in runs[:1]] == [n_ctx]          # the context, once
     pairs = runs[1:]
-    assert len(pairs) == 4 and all(r["cache_hit_kind"] == "exact" for r in pairs)
+    # the context from the cache, or copied from a pair still running it (live prefix sharing)
+    assert len(pairs) == 4 and all(r["cache_hit_kind"] in ("exact", "shared") for r in pairs)
     assert all(r["prefilled_tokens"] <= r["prompt_tokens"] - n_ctx + 1 for r in pairs)
     assert [lp for lp, _ in warm] == pytest.approx([lp for lp, _ in cold], abs=1e-4)   # warm equals cold
     assert [g for _, g in warm] == [g for _, g in cold]
