@@ -2,6 +2,7 @@
 
 import dataclasses
 import math
+import os
 
 import pytest
 
@@ -13,6 +14,7 @@ from workbench.options import (
     RequestOptions,
     build,
     check_number,
+    context_params,
 )
 
 
@@ -176,3 +178,19 @@ def test_cache_boundaries_are_a_bounded_list_of_positions(value):
 
 def test_cache_boundaries_are_kept_sorted_and_distinct():
     assert build(RequestOptions, {"cache_boundaries": [40, 12, 40]}).cache_boundaries == (12, 40)
+
+
+def test_threads_default_to_the_environment_variable_then_to_the_cores(monkeypatch):
+    cfg = build(LoadConfig, {})
+    monkeypatch.delenv("WORKBENCH_N_THREADS", raising=False)
+    assert context_params(cfg, 2048)["n_threads"] == len(os.sched_getaffinity(0))
+    monkeypatch.setenv("WORKBENCH_N_THREADS", "1")
+    params = context_params(cfg, 2048)
+    assert params["n_threads"] == params["n_threads_batch"] == 1
+    assert context_params(build(LoadConfig, {"n_threads": 3}), 2048)["n_threads"] == 3   # a load's own wins
+    for bad in ("0", "two", "-1", "513", "1.5"):
+        monkeypatch.setenv("WORKBENCH_N_THREADS", bad)
+        with pytest.raises(InvalidOption) as e:
+            context_params(cfg, 2048)
+        assert e.value.key == "WORKBENCH_N_THREADS" and e.value.value == bad
+        assert "environment variable 'WORKBENCH_N_THREADS'" in str(e.value) and "1 to 512" in str(e.value)

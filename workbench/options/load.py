@@ -9,7 +9,7 @@ from typing import Any
 from ..errors import InvalidOption
 from .placement import (LOAD_MODES, MAX_DEVICES, ROPE_SCALING_TYPES, SPLIT_MODES, as_choice_or_none,
                         as_float_or_none, as_positive, as_tensor_split, check_load_mode, context_overrides)
-from .rules import as_bool, as_int, as_marker_pair, as_str, default_threads, one_of, opt
+from .rules import MAX_THREADS, as_bool, as_int, as_marker_pair, as_str, default_threads, one_of, opt
 
 KV_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 
@@ -53,9 +53,11 @@ class LoadConfig:
     n_batch: int = opt(2048, as_int(1), "most tokens one decode may carry (all sequences together)")
     n_ubatch: int = opt(512, as_int(1), "physical micro-batch")
     n_seq_max: int = opt(4, as_int(1, 256), "concurrent sequences")
-    n_threads: int | None = opt(None, as_int(1, 512, none_ok=True),
-                                "threads (ggml's limit: 512); None = cores this process may use")
-    n_threads_batch: int | None = opt(None, as_int(1, 512, none_ok=True), "prefill threads; None = n_threads")
+    n_threads: int | None = opt(None, as_int(1, MAX_THREADS, none_ok=True),
+                                "threads (ggml's limit: 512); None = $WORKBENCH_N_THREADS, else the cores "
+                                "this process may use")
+    n_threads_batch: int | None = opt(None, as_int(1, MAX_THREADS, none_ok=True),
+                                      "prefill threads; None = n_threads")
     flash_attn: str = opt("auto", one_of("auto", "on", "off"))
     deterministic: bool = opt(False, as_bool, "batch-invariant kernels: greedy output independent of the cache "
                                               "and of what shares the batch, at a prefill cost (needs flash_attn)")

@@ -21,8 +21,22 @@ from ..errors import InvalidOption, UnknownOption
 T = TypeVar("T")
 
 
+THREADS_ENV = "WORKBENCH_N_THREADS"
+MAX_THREADS = 512   # ggml's limit (GGML_MAX_N_THREADS)
+
+
 def default_threads() -> int:
-    """The cores this process may run on (its affinity mask, not the machine's count)."""
+    """``n_threads`` when a load does not give it: the environment variable
+    WORKBENCH_N_THREADS when set (a machine whose cores other work holds: there fewer
+    threads decode faster, docs/api.md), else the cores this process may run on (its
+    affinity mask, not the machine's count)."""
+    env = os.environ.get(THREADS_ENV, "").strip()
+    if env:
+        n = int(env) if env.isdigit() else 0
+        if not 1 <= n <= MAX_THREADS:
+            raise InvalidOption(THREADS_ENV, env, f"an integer from 1 to {MAX_THREADS} (the default n_threads)",
+                                "environment variable")
+        return n
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not Linux
