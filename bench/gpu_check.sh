@@ -5,8 +5,10 @@
 #      llama.cpp's programs the benches compare with from the same tree;
 #   2. the native and engine tests that run on the GPU (every model the tests load offloads
 #      all layers on a CUDA build);
-#   3. bench_throughput beside llama-bench, bench_batching beside llama-batched-bench, and
-#      the n-gram speculative bench on code edits beside llama-lookup / llama-speculative-simple.
+#   3. bench_throughput beside llama-bench, bench_batching beside llama-batched-bench, the
+#      loop's own time per tick (bench_tick: where the decode leaves the CPU's caches alone)
+#      and the n-gram speculative bench on code edits beside llama-lookup /
+#      llama-speculative-simple.
 # Every figure goes to one file, $OUT/gpu_check.json (OUT: test-artifacts by default), the
 # whole log to $OUT/gpu_check.log.
 #
@@ -68,6 +70,8 @@ step "bench_throughput beside llama-bench"
 bench throughput $PY bench/bench_throughput.py --rounds "$ROUNDS"
 step "bench_batching beside llama-batched-bench"
 bench batching $PY bench/bench_batching.py --ntg "$NTG" --reps 1
+step "the loop's own time per tick"
+bench tick $PY bench/bench_tick.py --rounds "$ROUNDS" --tokens "$NPRED"
 step "n-gram speculation on code edits"
 bench speculative $PY bench/bench_speculative.py --classes code --rounds "$ROUNDS" --n-predict "$NPRED"
 step "done"
@@ -84,7 +88,7 @@ out = {"mode": mode, "seconds": seconds, "gpu": gpu,
        "commit": subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip(),
        "cuda": bool(native.cuda),
        "tests": {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")},
-       **{name: json.loads((parts / f"{name}.json").read_text()) for name in ("throughput", "batching", "speculative")}}
+       **{name: json.loads((parts / f"{name}.json").read_text()) for name in ("throughput", "batching", "tick", "speculative")}}
 result.write_text(json.dumps(out, indent=1, default=str))
 print(f"gpu_check ({mode}): {out['tests']['tests']} tests, {out['tests']['failures']} failures; figures in {result}")
 EOF
