@@ -7,7 +7,7 @@
         ...
 """
 
-from . import openmp  # noqa: F401 - first: OpenMP's wait settings before libgomp loads with _native
+from . import openmp  # noqa: F401 - first: loads _native with OpenMP's wait settings
 from . import _native
 from .api import (cancel, continue_session, counters, detokenize, end_session, history, last_cache_hit, list_models,
                   load_model, model_info, pending_len, phase, queue_depth, request_info, requests, reset_session,
