@@ -53,7 +53,9 @@ def test_a_sample_stream_tags_every_event_with_its_sample(fresh_model):
 
 @pytest.mark.load(n_seq_max=4)
 def test_chat_samples(fresh_model):
-    msgs = [{"role": "user", "content": "Name a colour."}]
+    # a prompt past WAIT_MIN_TOKENS (64): the later samples wait for the first's prefill however
+    # the loop's ticks fall (a shorter one is shared only when its prefill is already done)
+    msgs = [{"role": "user", "content": PROMPT + "Name a colour."}]
     res = wb.chat(fresh_model, msgs, n=3, seed=5, **SAMPLING)
     assert len(res) == 3 and all(isinstance(r, wb.ChatResult) for r in res)
     assert [r.stats.cache_hit_kind for r in res][1:] == ["shared", "shared"]
