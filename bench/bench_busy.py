@@ -33,7 +33,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from workbench.openmp import POLICY_ENV, SETTINGS, SPIN_ENV  # noqa: E402
-from workbench.options import default_threads  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 WAITS = {"libgomp": {SPIN_ENV: "300000"},   # libgomp's own default, stated so workbench keeps it
@@ -41,7 +40,8 @@ WAITS = {"libgomp": {SPIN_ENV: "300000"},   # libgomp's own default, stated so w
 
 
 def child_env(waits: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in (SPIN_ENV, POLICY_ENV)}
+    # threads are the bench's to set: WORKBENCH_N_THREADS would change the two-model child's
+    env = {k: v for k, v in os.environ.items() if k not in (SPIN_ENV, POLICY_ENV, "WORKBENCH_N_THREADS")}
     return {**env, **WAITS[waits]}
 
 
@@ -89,7 +89,7 @@ def main() -> int:
     ap.add_argument("--n-gen", type=int, default=32)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
-    cores = default_threads()
+    cores = len(os.sched_getaffinity(0))   # the cores, whatever WORKBENCH_N_THREADS says
     settings = [(t, w) for t in sorted({1, cores}) for w in WAITS]
     rows = []
     for phase in ("quiet", "busy"):
